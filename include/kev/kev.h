@@ -1,0 +1,193 @@
+// kev/kev.h — the kev-native public API: run Kev decision models natively.
+//
+//   #include "kev/kev.h"
+//   auto engine = kev::Engine::load("models/kev-0.8b", {.backend = "cpu"});
+//   if (!engine) return fail(engine.status());
+//   kev::Questions qs = {{"refund", kev::Noul{"Does the customer ask for a refund?", "", ""}},
+//                        {"team", kev::Choice{"Which team?", {{"billing", "Payments"}, {"tech", ""}}}}};
+//   auto prefix = engine->prefill("I was charged twice for invoice 4411.");   // state pass, once
+//   auto answers = engine->evaluate(*prefix, qs);                              // any number of times
+//   for (const kev::Answer& a : answers->answers) ...                          // request order
+//
+// Ownership: an Engine owns the model weights and its backend; a Prefix owns its snapshot (device
+// memory) and keeps the engine's backend alive, so it may outlive the Engine object that made it.
+// Concurrency: calls on one Engine are serialised internally (one pass at a time); any thread may call.
+// A Prefix is immutable once made: evaluate() never writes to it, and many may coexist.
+// Nothing here exposes tensor, CUDA or Dawn types.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "kev/result.h"
+
+namespace kev {
+
+// ---- Questions ------------------------------------------------------------------------------------
+// All texts are already rendered (see render_json_text for JSON values). Options are built as
+// KEV_SPEC.md §4.2 describes.
+
+// Yes/no. Options "no[: if_false]", "yes[: if_true]". Answer: p(yes).
+struct Noul {
+  std::string instructions;
+  std::string if_false;  // criteria.false; empty = plain "no"
+  std::string if_true;   // criteria.true; empty = plain "yes"
+};
+
+// One of 1..255 named options ("name" or "name: description"). Answer: the first argmax.
+struct Choice {
+  std::string instructions;
+  std::vector<std::pair<std::string, std::string>> options;  // (name, description); names unique
+};
+
+// Ordered levels 0..L-1 (1..255), each option is the level's description. Answer: expected level.
+struct Score {
+  std::string instructions;
+  std::vector<std::string> levels;
+};
+
+struct Question {
+  std::string id;  // unique within a request; never shown to the model
+  std::variant<Noul, Choice, Score> body;
+};
+using Questions = std::vector<Question>;
+
+// ---- Answers --------------------------------------------------------------------------------------
+
+struct NoulAnswer {
+  double yes = 0;  // p(yes)
+};
+struct ChoiceAnswer {
+  std::string choice;       // first argmax
+  double confidence = 0;    // (p_max - 1/K) / (1 - 1/K), 1 when K = 1
+};
+struct ScoreAnswer {
+  double score = 0;         // sum_i i * p_i
+  double confidence = 0;    // max(0, 1 - sum_i p_i |i - mode| / D_L), D_L = floor(L^2/4)/L; 1 when L = 1
+};
+
+struct Answer {
+  std::string id;
+  std::variant<NoulAnswer, ChoiceAnswer, ScoreAnswer> value;
+  std::vector<std::string> option_keys;  // noul: "false","true"; choice: names; score: "0".."L-1"
+  std::vector<double> probabilities;     // softmax over this question's options, full double precision
+  std::vector<double> logits;            // z_j = (kappa_j . u) / 16 / T, as computed (fp32 widened)
+};
+
+struct Usage {
+  int64_t input_tokens = 0;       // Ls + sum of row lengths
+  int64_t state_tokens = 0;       // state tokens before any truncation (incl. the state delimiter)
+  int64_t state_tokens_used = 0;  // Ls
+  bool truncated = false;
+};
+
+struct Answers {
+  std::vector<Answer> answers;  // request order
+  Usage usage;
+  double latency_ms = 0;        // model time of this call (tokenisation + passes + answer maths)
+};
+
+// ---- Limits and options ---------------------------------------------------------------------------
+
+// Limits are configuration, not constants. Defaults are the ExecuTorch example's; serving() is the
+// upstream HTTP server's profile.
+struct Limits {
+  int64_t max_prefix = 384;          // state tokens including the state delimiter
+  int64_t max_context = 1024;        // state + one question row
+  int64_t max_questions = 0;         // per pass; 0 = no cap besides the token budget
+  int64_t max_options = 255;         // per question
+  int64_t pass_token_budget = 4096;  // row tokens packed into one score pass (a single row may exceed it)
+  static Limits serving() { return Limits{8192, 8192, 0, 255, 16384}; }
+};
+
+struct Options {
+  std::string backend = "cpu";     // "cpu" | "cuda" | "webgpu"
+  Limits limits;                   // overrides the model file's limits when override_limits is true
+  bool override_limits = false;
+  bool truncate_states = false;    // keep the first max_prefix tokens instead of refusing long states
+  double temperature = 0;          // > 0 overrides the model's T (1.0 gives raw logits)
+  int threads = 0;                 // CPU worker threads; 0 = hardware concurrency
+};
+
+// ---- Engine ---------------------------------------------------------------------------------------
+
+class Engine;
+struct EngineImpl;
+struct PrefixImpl;
+
+// The immutable state snapshot produced by Engine::prefill. Move-only.
+class Prefix {
+ public:
+  Prefix(Prefix&&) noexcept;
+  Prefix& operator=(Prefix&&) noexcept;
+  ~Prefix();
+  int64_t state_tokens() const;  // Ls
+  bool truncated() const;
+  const std::vector<int32_t>& tokens() const;
+  // Hash of the snapshot's bytes as stored on the device (read back); equal hashes = identical state.
+  Result<uint64_t> content_hash() const;
+
+ private:
+  friend class Engine;
+  explicit Prefix(std::unique_ptr<PrefixImpl> impl);
+  std::unique_ptr<PrefixImpl> impl_;
+};
+
+struct ModelInfo {
+  std::string name;            // model.json "name" or the directory name
+  std::string architecture;    // e.g. "qwen3_5 d=1024 layers=24 (18 GDN + 6 attention)"
+  std::string checkpoint_id;   // "sha256:..." of head.pt, or "" for synthetic models
+  std::string dtype;           // weight dtype on the backend
+  std::string backend;
+  double temperature = 1;
+  Limits limits;
+};
+
+class Engine {
+ public:
+  // Loads an exported model directory (model.json + weights.safetensors + tokenizer.json).
+  static Result<Engine> load(const std::string& path, const Options& options);
+
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+  ~Engine();
+
+  // The state pass: tokenises `state_text` (plain text; see render_json_text) and snapshots it.
+  Result<Prefix> prefill(std::string_view state_text);
+  // Any number of questions; split into passes by the token budget and max_questions.
+  Result<Answers> evaluate(const Prefix& prefix, const Questions& questions);
+  // evaluate(prefill(state), questions).
+  Result<Answers> system_one(std::string_view state_text, const Questions& questions);
+
+  const ModelInfo& info() const;
+  // Which op ran on which backend in the passes so far, and token counts.
+  std::string placement_report() const;
+
+ private:
+  explicit Engine(std::unique_ptr<EngineImpl> impl);
+  std::unique_ptr<EngineImpl> impl_;
+};
+
+// ---- The /v1/systemone JSON contract ---------------------------------------------------------------
+
+// A parsed POST /v1/systemone body: the state rendered to text, questions in request order.
+struct Request {
+  std::string model = "kev-latest";
+  std::string state_text;
+  Questions questions;
+};
+
+// Renders any JSON value as Kev does (KEV_SPEC.md §4.1): strings verbatim, objects as "key: value"
+// lines, arrays as "- " items, floats as Python repr.
+Result<std::string> render_json_text(std::string_view json_value);
+// Parses and validates a request body; errors name the field and the limit.
+Result<Request> parse_request(std::string_view json_body, int64_t max_options = 255);
+// The response body (probabilities, confidences and scores rounded to 4 decimals).
+std::string format_response(const Request& request, const Answers& answers);
+
+}  // namespace kev

@@ -1,0 +1,141 @@
+// The backend interface: device memory, transfers, and the op set the model is written in.
+//
+// The model (src/model/forward.cpp) calls only these ops, so a backend differs from another only in
+// kernels and memory. Every op has a matching OpKind; `supports(OpDesc)` states each kernel's
+// preconditions (dtypes, strides, sizes) and the engine refuses to run — with a message naming the op —
+// anything a backend does not support. There is no silent fallback.
+//
+// Conventions (docs/architecture.md): activations are F32 [n_tokens, features] unless a backend's
+// supports() says otherwise; weights are [out, in] (x · Wᵀ); the innermost dim is contiguous.
+// Ops may run asynchronously; `synchronize()` waits; `download` returns data valid after it returns.
+//
+// Packed rows (SeqLayout): a pass holds R sequences back to back in the token dimension. Sequence r
+// spans tokens [offsets[r], offsets[r+1]) and its first token has position `pos0`. With
+// `from_prefix`, every sequence continues from the same read-only prefix (conv state, recurrent
+// state, K/V); without it, the pass is a fresh state pass (zero conv and recurrent state, no K/V).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/tensor.h"
+#include "kev/result.h"
+
+namespace kev {
+
+enum class OpKind {
+  Embedding,         // out[t,:] = table[ids[t],:]
+  RmsNorm,           // out = x / sqrt(mean(x^2) + eps) * (1 + w), per innermost row
+  Matmul,            // out = x · Wᵀ (+ bias)
+  CausalConv1dSilu,  // depthwise causal conv (kernel K) over each sequence, conv state in/out, then SiLU
+  GdnGates,          // beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias)
+  L2Norm,            // out = x / sqrt(sum(x^2) + eps) * scale, per innermost row
+  GatedDeltaRule,    // chunked gated delta rule with read-only initial state and optional final state
+  RmsNormGated,      // out = w * o / sqrt(mean(o^2) + eps) * SiLU(z)
+  Rope,              // rotate-half RoPE on the first n_rot dims of each head, positions from SeqLayout
+  Attention,         // causal GQA over prefix K/V + the sequence's own K/V, softmax(q·kᵀ·scale)·v
+  SigmoidMul,        // out = x * sigmoid(gate)
+  Swiglu,            // out = SiLU(gate) * up
+  Add,               // out = a + b
+  GatherRows,        // out[i,:] = x[idx[i],:]
+  PointerLogits,     // out[j] = (kappa[j] · u[question[j]]) * scale
+  Copy,              // out = x (dtype conversion allowed where supported)
+  kCount
+};
+const char* op_name(OpKind op);
+
+// What supports() is asked: the op and its operands (shapes, dtypes, strides).
+struct OpDesc {
+  OpKind op;
+  std::vector<Tensor> operands;  // in the op's argument order, outputs last
+};
+
+struct SeqLayout {
+  std::vector<int32_t> offsets{0};  // R+1 sequence starts in the packed token dimension
+  int64_t pos0 = 0;                 // position of each sequence's first token
+  bool from_prefix = false;         // continue from the prefix state instead of a zero state
+  int64_t n_seqs() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  int64_t n_tokens() const { return offsets.back(); }
+};
+
+enum class BufferUsage { Weights, Activations, PrefixState, Staging };
+
+struct BackendInfo {
+  std::string name;         // "cpu", "cuda", "webgpu"
+  std::string device;       // e.g. "x86-64, 2 threads, OpenBLAS 0.3.21"
+  DType activation_dtype = DType::F32;
+  size_t max_buffer_bytes = SIZE_MAX;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendInfo info() const = 0;
+  virtual bool supports(const OpDesc& desc) const = 0;
+
+  // ---- memory -----------------------------------------------------------------------------------
+  virtual Result<std::shared_ptr<Buffer>> alloc(size_t bytes, BufferUsage usage) = 0;
+  virtual Status upload(const Tensor& dst, const void* src, size_t bytes) = 0;  // dst contiguous
+  virtual Status download(const Tensor& src, void* dst, size_t bytes) = 0;      // src contiguous
+  virtual Status fill_zero(const Tensor& dst) = 0;                              // dst contiguous
+  virtual Status synchronize() = 0;
+
+  // ---- ops (shapes outermost first; n = tokens in the pass) ---------------------------------------
+  // table [V,d] F32|BF16, ids [n] I32 -> out [n,d].
+  virtual Status embedding(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
+  // x [...,d], w [d] -> out like x. Gain is (1 + w) (zero-centred RMSNorm).
+  virtual Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) = 0;
+  // x [n,k], w [m,k], bias [m] or empty -> out [n,m].
+  virtual Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) = 0;
+  // x [n,C] pre-conv stream, w [C,K]; state_in [C,K] (last K inputs before the pass; only the last
+  // K-1 are read) used when layout.from_prefix, else zeros. out [n,C] = SiLU(conv). state_out [C,K]
+  // (optional; single-sequence passes only) receives the last K inputs of the sequence, zero-left-padded.
+  virtual Status causal_conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& state_in,
+                                    const SeqLayout& layout, const Tensor& out, const Tensor& state_out) = 0;
+  // b, a [n,Hv]; a_log, dt_bias [Hv] -> beta, g [n,Hv] (F32).
+  virtual Status gdn_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias,
+                           const Tensor& beta, const Tensor& g) = 0;
+  // x [...,d] -> out = x / sqrt(sum(x^2) + eps) * scale.
+  virtual Status l2_norm(const Tensor& x, float eps, float scale, const Tensor& out) = 0;
+  // q, k [n,Hk,dk] (already normalised/scaled), v [n,Hv,dv], g, beta [n,Hv]; value head h uses key head
+  // h / (Hv/Hk). state_in [Hv,dk,dv] F32 (read-only; used when layout.from_prefix, else zero).
+  // out [n,Hv,dv]; state_out [Hv,dk,dv] (optional; single-sequence passes only).
+  virtual Status gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                  const Tensor& beta, const Tensor& state_in, const SeqLayout& layout,
+                                  const Tensor& out, const Tensor& state_out) = 0;
+  // o, z [n,Hv,dv], w [dv] (plain gain) -> out [n,Hv,dv].
+  virtual Status rms_norm_gated(const Tensor& o, const Tensor& z, const Tensor& w, float eps,
+                                const Tensor& out) = 0;
+  // x [n,H,hd] rotated in place on dims [0,n_rot): pair (i, i+n_rot/2), angle pos * theta^(-2i/n_rot).
+  virtual Status rope(const Tensor& x, const SeqLayout& layout, int64_t n_rot, double theta) = 0;
+  // q [n,H,hd], k, v [n,Hkv,hd] (this pass's rows); prefix_k, prefix_v [Ls,Hkv,hd] or empty (used when
+  // layout.from_prefix). Token t of a sequence attends to all Ls prefix keys and its sequence's keys
+  // up to t. out [n,H,hd].
+  virtual Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& prefix_k,
+                           const Tensor& prefix_v, const SeqLayout& layout, float scale,
+                           const Tensor& out) = 0;
+  virtual Status sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) = 0;
+  virtual Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  virtual Status add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // x [n,d], idx [m] I32 -> out [m,d].
+  virtual Status gather_rows(const Tensor& x, const Tensor& idx, const Tensor& out) = 0;
+  // u [Q,P], kappa [M,P], question [M] I32 -> out [M] F32 = (kappa[j] · u[question[j]]) * scale.
+  virtual Status pointer_logits(const Tensor& u, const Tensor& kappa, const Tensor& question, float scale,
+                                const Tensor& out) = 0;
+  // Same shape; dtype conversion F32<->BF16 where supported.
+  virtual Status copy(const Tensor& x, const Tensor& out) = 0;
+};
+
+struct BackendOptions {
+  int threads = 0;              // CPU: worker threads (0 = hardware concurrency)
+  bool reference_mode = false;  // CPU: plain loops, no BLAS, token-by-token GDN (the op-test yardstick)
+};
+
+// Creates a backend by name ("cpu", ...). Unknown or unavailable backends are Unsupported errors that
+// list the backends this build has.
+Result<std::shared_ptr<Backend>> create_backend(const std::string& name, const BackendOptions& options);
+std::vector<std::string> available_backends();
+
+}  // namespace kev

@@ -112,9 +112,19 @@ struct Options {
   bool truncate_states = false;    // keep the first max_prefix tokens instead of refusing long states
   double temperature = 0;          // > 0 overrides the model's T (1.0 gives raw logits)
   int threads = 0;                 // CPU worker threads; 0 = hardware concurrency
+  bool profile_ops = false;        // time every op (waits for the device after each; slows passes)
 };
 
 // ---- Engine ---------------------------------------------------------------------------------------
+
+// Time spent per op kind over all passes so far (filled when Options::profile_ops is set).
+struct OpProfile {
+  std::string op;        // e.g. "matmul", "gated_delta_rule"
+  std::string backend;   // where it ran
+  uint64_t calls = 0;
+  double ms = 0;         // wall time including the device wait
+  double gflop = 0;      // floating-point work, for ops whose count is defined (matmul, attention)
+};
 
 class Engine;
 struct EngineImpl;
@@ -167,6 +177,7 @@ class Engine {
   const ModelInfo& info() const;
   // Which op ran on which backend in the passes so far, and token counts.
   std::string placement_report() const;
+  std::vector<OpProfile> op_profile() const;
 
  private:
   explicit Engine(std::unique_ptr<EngineImpl> impl);

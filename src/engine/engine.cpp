@@ -1,0 +1,273 @@
+// Engine: loads an exported model onto a backend and runs the Kev workflow —
+// prefill(state) -> Prefix, evaluate(prefix, questions) -> Answers, system_one = both.
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+
+#include "backend/backend.h"
+#include "common/check.h"
+#include "kev/kev.h"
+#include "model/forward.h"
+#include "model/model_file.h"
+#include "text/answers.h"
+#include "text/encode.h"
+#include "text/tokenizer.h"
+
+namespace kev {
+
+namespace {
+
+constexpr int64_t kMaxOptionsCap = 255;
+
+Status validate_limits(const Limits& l) {
+  KEV_CHECK(l.max_prefix >= 1, ErrorCode::InvalidRequest, "max_prefix is ", l.max_prefix, "; it must be at least 1");
+  KEV_CHECK(l.max_context > l.max_prefix, ErrorCode::InvalidRequest, "max_context (", l.max_context,
+            ") must exceed max_prefix (", l.max_prefix, ") to leave room for a question row");
+  KEV_CHECK(l.max_options >= 1 && l.max_options <= kMaxOptionsCap, ErrorCode::InvalidRequest, "max_options is ",
+            l.max_options, "; it must be in 1..", kMaxOptionsCap);
+  KEV_CHECK(l.max_questions >= 0, ErrorCode::InvalidRequest, "max_questions is ", l.max_questions,
+            "; use 0 for no per-pass cap");
+  KEV_CHECK(l.pass_token_budget >= 1, ErrorCode::InvalidRequest, "pass_token_budget is ", l.pass_token_budget,
+            "; it must be at least 1");
+  return Status::success();
+}
+
+uint64_t fnv1a(const uint8_t* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+struct EngineImpl {
+  ModelFile model;
+  Tokenizer tokenizer;
+  Encoder encoder;
+  Options options;
+  ModelInfo info;
+  std::shared_ptr<Backend> backend;
+  std::unique_ptr<ModelRunner> runner;
+  mutable std::mutex mu;  // one pass at a time
+  uint64_t id = 0;
+  int64_t prefills = 0, passes = 0, rows = 0, state_tokens = 0, row_tokens = 0;
+
+  EngineImpl(ModelFile m, Tokenizer t, Encoder e) : model(std::move(m)), tokenizer(std::move(t)), encoder(std::move(e)) {}
+};
+
+struct PrefixImpl {
+  PrefixState state;
+  std::vector<int32_t> tokens;
+  int64_t original_length = 0;
+  bool truncated = false;
+  uint64_t engine_id = 0;
+  std::shared_ptr<Backend> backend;  // keeps the device memory's owner alive
+};
+
+// ---- Prefix -------------------------------------------------------------------------------------
+
+Prefix::Prefix(std::unique_ptr<PrefixImpl> impl) : impl_(std::move(impl)) {}
+Prefix::Prefix(Prefix&&) noexcept = default;
+Prefix& Prefix::operator=(Prefix&&) noexcept = default;
+Prefix::~Prefix() = default;
+int64_t Prefix::state_tokens() const { return impl_->state.n_tokens; }
+bool Prefix::truncated() const { return impl_->truncated; }
+const std::vector<int32_t>& Prefix::tokens() const { return impl_->tokens; }
+
+Result<uint64_t> Prefix::content_hash() const {
+  const PrefixState& s = impl_->state;
+  std::vector<uint8_t> bytes(s.bytes);
+  const Tensor all = Tensor::contiguous(s.buffer.get(), 0, DType::F32, {static_cast<int64_t>(s.bytes / 4)});
+  KEV_TRY(impl_->backend->synchronize());
+  KEV_TRY(impl_->backend->download(all, bytes.data(), bytes.size()));
+  return fnv1a(bytes.data(), bytes.size());
+}
+
+// ---- Engine -------------------------------------------------------------------------------------
+
+Engine::Engine(std::unique_ptr<EngineImpl> impl) : impl_(std::move(impl)) {}
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+Engine::~Engine() = default;
+const ModelInfo& Engine::info() const { return impl_->info; }
+
+Result<Engine> Engine::load(const std::string& path, const Options& options) {
+  KEV_ASSIGN_OR_RETURN(ModelFile model, read_model_file(path));
+  const Limits limits = options.override_limits ? options.limits : model.kev.limits;
+  KEV_TRY(validate_limits(limits));
+
+  KEV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(model.tokenizer_path()));
+  KEV_ASSIGN_OR_RETURN(SpecialIds ids, resolve_special_ids(tokenizer));
+  KEV_TRY(check_special_ids(ids, model.kev.special_ids));
+  KEV_CHECK(tokenizer.vocab_size() <= model.config.n_vocab, ErrorCode::TokenizerMismatch, "the tokenizer has ",
+            tokenizer.vocab_size(), " ids but the model's embedding has only ", model.config.n_vocab, " rows");
+
+  BackendOptions bopts;
+  bopts.threads = options.threads;
+  KEV_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, create_backend(options.backend, bopts));
+
+  KEV_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(*backend, model));
+  const DType matmul_dtype = weights.matmul_dtype;
+
+  const double temperature = options.temperature > 0 ? options.temperature : model.kev.temperature;
+  const double logit_scale = 1.0 / std::sqrt(static_cast<double>(model.kev.pointer_dim)) / temperature;
+
+  Encoder encoder(tokenizer, ids, limits);
+  auto impl = std::make_unique<EngineImpl>(std::move(model), std::move(tokenizer), std::move(encoder));
+  static std::atomic<uint64_t> next_id{1};
+  impl->id = next_id++;
+  impl->options = options;
+  impl->backend = backend;
+  ModelInfo& info = impl->info;
+  info.name = impl->model.kev.name;
+  info.architecture = impl->model.config.summary();
+  info.checkpoint_id = impl->model.kev.checkpoint_id;
+  info.dtype = matmul_dtype == DType::BF16 ? "bf16"
+               : impl->model.kev.dtype == "bf16" ? "fp32 (widened from bf16 at load)"
+                                                 : "fp32";
+  info.backend = backend->info().name;
+  info.temperature = temperature;
+  info.limits = limits;
+  impl->runner = std::make_unique<ModelRunner>(backend, impl->model.config, std::move(weights), logit_scale);
+  impl->runner->set_profiling(options.profile_ops);
+  return Engine(std::move(impl));
+}
+
+Result<Prefix> Engine::prefill(std::string_view state_text) {
+  EngineImpl& e = *impl_;
+  KEV_ASSIGN_OR_RETURN(EncodedState enc, e.encoder.encode_state(state_text, e.options.truncate_states));
+  std::lock_guard<std::mutex> lock(e.mu);
+  KEV_ASSIGN_OR_RETURN(PrefixState state, e.runner->prefill(enc.tokens));
+  ++e.prefills;
+  e.state_tokens += static_cast<int64_t>(enc.tokens.size());
+  auto impl = std::make_unique<PrefixImpl>();
+  impl->state = std::move(state);
+  impl->tokens = std::move(enc.tokens);
+  impl->original_length = enc.original_length;
+  impl->truncated = enc.truncated;
+  impl->engine_id = e.id;
+  impl->backend = e.backend;
+  return Prefix(std::move(impl));
+}
+
+Result<Answers> Engine::evaluate(const Prefix& prefix, const Questions& questions) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EngineImpl& e = *impl_;
+  KEV_CHECK(prefix.impl_ != nullptr, ErrorCode::InvalidRequest, "the prefix was moved from");
+  const PrefixImpl& p = *prefix.impl_;
+  KEV_CHECK(p.engine_id == e.id, ErrorCode::InvalidRequest, "the prefix was made by another engine");
+  KEV_CHECK(!questions.empty(), ErrorCode::InvalidRequest, "a request needs at least one question");
+  const int64_t Ls = p.state.n_tokens;
+
+  // Encode and validate every question before running anything.
+  std::vector<EncodedRow> rows;
+  rows.reserve(questions.size());
+  for (size_t i = 0; i < questions.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      KEV_CHECK(questions[j].id != questions[i].id, ErrorCode::InvalidRequest, "question id '", questions[i].id,
+                "' appears more than once");
+    }
+    KEV_ASSIGN_OR_RETURN(EncodedRow row, e.encoder.encode_question(questions[i], Ls));
+    rows.push_back(std::move(row));
+  }
+
+  Answers out;
+  out.answers.resize(questions.size());
+  out.usage.state_tokens = p.original_length;
+  out.usage.state_tokens_used = Ls;
+  out.usage.truncated = p.truncated;
+  out.usage.input_tokens = Ls;
+  for (const EncodedRow& r : rows) out.usage.input_tokens += static_cast<int64_t>(r.tokens.size());
+
+  // Passes: consecutive questions while the packed tokens fit the budget (a lone row may exceed it)
+  // and the per-pass question cap allows.
+  const Limits& lim = e.encoder.limits();
+  std::lock_guard<std::mutex> lock(e.mu);
+  size_t begin = 0;
+  while (begin < rows.size()) {
+    size_t end = begin;
+    int64_t tokens = 0;
+    while (end < rows.size()) {
+      const int64_t len = static_cast<int64_t>(rows[end].tokens.size());
+      const bool fits = end == begin || tokens + len <= lim.pass_token_budget;
+      const bool under_cap = lim.max_questions == 0 || static_cast<int64_t>(end - begin) < lim.max_questions;
+      if (!fits || !under_cap) break;
+      tokens += len;
+      ++end;
+    }
+    ScorePass pass;
+    pass.layout.offsets = {0};
+    pass.layout.pos0 = Ls;
+    pass.layout.from_prefix = true;
+    for (size_t q = begin; q < end; ++q) {
+      const int32_t base = static_cast<int32_t>(pass.tokens.size());
+      const EncodedRow& r = rows[q];
+      pass.tokens.insert(pass.tokens.end(), r.tokens.begin(), r.tokens.end());
+      pass.layout.offsets.push_back(static_cast<int32_t>(pass.tokens.size()));
+      for (int32_t c : r.close_offsets) {
+        pass.option_rows.push_back(base + c);
+        pass.option_question.push_back(static_cast<int32_t>(q - begin));
+      }
+      pass.decide_rows.push_back(base + r.decide_offset);
+    }
+    KEV_ASSIGN_OR_RETURN(std::vector<float> logits, e.runner->score(p.state, pass));
+    ++e.passes;
+    e.rows += static_cast<int64_t>(end - begin);
+    e.row_tokens += static_cast<int64_t>(pass.tokens.size());
+    size_t at = 0;
+    for (size_t q = begin; q < end; ++q) {
+      const size_t k = rows[q].close_offsets.size();
+      std::vector<double> z(logits.begin() + static_cast<std::ptrdiff_t>(at),
+                            logits.begin() + static_cast<std::ptrdiff_t>(at + k));
+      at += k;
+      KEV_ASSIGN_OR_RETURN(out.answers[q], make_answer(questions[q], z));
+    }
+    begin = end;
+  }
+  out.latency_ms = ms_since(t0);
+  return out;
+}
+
+Result<Answers> Engine::system_one(std::string_view state_text, const Questions& questions) {
+  const auto t0 = std::chrono::steady_clock::now();
+  KEV_ASSIGN_OR_RETURN(Prefix prefix, prefill(state_text));
+  KEV_ASSIGN_OR_RETURN(Answers answers, evaluate(prefix, questions));
+  answers.latency_ms = ms_since(t0);
+  return answers;
+}
+
+std::vector<OpProfile> Engine::op_profile() const {
+  const EngineImpl& e = *impl_;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const OpStats& st = e.runner->op_stats();
+  std::vector<OpProfile> out;
+  for (size_t i = 0; i < st.calls.size(); ++i) {
+    if (st.calls[i] == 0) continue;
+    out.push_back({op_name(static_cast<OpKind>(i)), e.backend->info().name, st.calls[i], st.seconds[i] * 1e3,
+                   st.flops[i] * 1e-9});
+  }
+  return out;
+}
+
+std::string Engine::placement_report() const {
+  const EngineImpl& e = *impl_;
+  const BackendInfo bi = e.backend->info();
+  std::string s = cat("backend: ", bi.name, " (", bi.device, ")\n", "model: ", e.info.architecture, "\n",
+                      "weights: ", e.info.dtype, ", ", e.runner->weights().bytes / (1 << 20), " MiB on ", bi.name,
+                      "\n", "ops (placement, calls):\n");
+  const OpStats& st = e.runner->op_stats();
+  for (size_t i = 0; i < st.calls.size(); ++i) {
+    if (st.calls[i] == 0) continue;
+    s += cat("  ", op_name(static_cast<OpKind>(i)), ": ", bi.name, " (", st.calls[i], ")\n");
+  }
+  s += cat("CPU fallbacks: none\n", "state passes: ", e.prefills, " (", e.state_tokens, " tokens); score passes: ",
+           e.passes, " (", e.rows, " rows, ", e.row_tokens, " tokens)\n");
+  return s;
+}
+
+}  // namespace kev

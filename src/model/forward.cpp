@@ -1,0 +1,413 @@
+// The Kev forward pass over the Backend op set. Formulas quoted from KEV_SPEC.md §5-§7.
+#include "model/forward.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "common/check.h"
+
+namespace kev {
+
+namespace {
+
+constexpr size_t kArenaAlign = 256;
+constexpr size_t kMinChunkBytes = size_t{16} << 20;
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// q·kᵀ and p·v: 4·H·hd FLOPs per (query, visible key) pair; a row token sees the prefix and its
+// sequence's earlier tokens.
+double attention_flops(const SeqLayout& layout, int64_t n_prefix, int64_t H, int64_t hd) {
+  double pairs = 0;
+  for (int64_t r = 0; r < layout.n_seqs(); ++r) {
+    const double L = layout.offsets[r + 1] - layout.offsets[r];
+    pairs += L * static_cast<double>(n_prefix) + L * (L + 1) / 2;
+  }
+  return 4.0 * static_cast<double>(H * hd) * pairs;
+}
+
+}  // namespace
+
+// ---- Arena --------------------------------------------------------------------------------------
+
+Result<Tensor> Arena::alloc(DType dtype, std::initializer_list<int64_t> shape) {
+  size_t numel = 1;
+  for (int64_t s : shape) numel *= static_cast<size_t>(s);
+  const size_t bytes = align_up(std::max<size_t>(numel * dtype_size(dtype), 1), kArenaAlign);
+  size_t base = 0;
+  for (Chunk& c : chunks_) {
+    const size_t size = c.buffer->size();
+    if (used_total_ < base + size) {
+      const size_t local = used_total_ - base;
+      if (local + bytes <= size) {
+        used_total_ += bytes;
+        peak_ = std::max(peak_, used_total_);
+        return Tensor::contiguous(c.buffer.get(), local, dtype, shape);
+      }
+      used_total_ = base + size;  // skip the chunk's tail
+    }
+    base += size;
+  }
+  const size_t size = std::max(bytes, std::max(kMinChunkBytes, capacity()));
+  KEV_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, backend_.alloc(size, BufferUsage::Activations));
+  chunks_.push_back({std::move(buffer), 0});
+  used_total_ = base + bytes;
+  peak_ = std::max(peak_, used_total_);
+  return Tensor::contiguous(chunks_.back().buffer.get(), 0, dtype, shape);
+}
+
+void Arena::rewind(size_t mark) { used_total_ = std::min(used_total_, mark); }
+
+Status Arena::reset() {
+  used_total_ = 0;
+  if (chunks_.size() > 1) {
+    const size_t size = align_up(peak_, kArenaAlign);
+    chunks_.clear();
+    KEV_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, backend_.alloc(size, BufferUsage::Activations));
+    chunks_.push_back({std::move(buffer), 0});
+  }
+  peak_ = 0;
+  return Status::success();
+}
+
+size_t Arena::capacity() const {
+  size_t total = 0;
+  for (const Chunk& c : chunks_) total += c.buffer->size();
+  return total;
+}
+
+// ---- ModelRunner --------------------------------------------------------------------------------
+
+ModelRunner::ModelRunner(std::shared_ptr<Backend> backend, ModelConfig config, ModelWeights weights,
+                         double logit_scale)
+    : backend_(std::move(backend)),
+      config_(std::move(config)),
+      weights_(std::move(weights)),
+      logit_scale_(logit_scale),
+      arena_(*backend_) {
+  size_t n_gdn = 0, n_attn = 0;
+  for (LayerType t : config_.layer_types) {
+    gdn_index_.push_back(t == LayerType::GatedDeltaNet ? n_gdn++ : SIZE_MAX);
+    attn_index_.push_back(t == LayerType::FullAttention ? n_attn++ : SIZE_MAX);
+  }
+}
+
+template <class F>
+Status ModelRunner::run(OpKind op, std::initializer_list<Tensor> operands, F&& call, double flops) {
+  OpDesc desc{op, std::vector<Tensor>(operands)};
+  if (!backend_->supports(desc)) {
+    std::string shapes;
+    for (const Tensor& t : desc.operands) shapes += (shapes.empty() ? "" : ", ") + t.describe();
+    return Status(ErrorCode::Unsupported, cat("backend '", backend_->info().name, "' does not support ",
+                                              op_name(op), "(", shapes, ")"));
+  }
+  const size_t i = static_cast<size_t>(op);
+  ++stats_.calls[i];
+  if (!profiling_) return call();
+  const auto t0 = std::chrono::steady_clock::now();
+  KEV_TRY(call());
+  KEV_TRY(backend_->synchronize());
+  stats_.seconds[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (op == OpKind::Matmul) {
+    const Tensor& x = *operands.begin();
+    const Tensor& w = *(operands.begin() + 1);
+    flops = 2.0 * static_cast<double>(x.dim(0)) * static_cast<double>(w.dim(0)) * static_cast<double>(w.dim(1));
+  }
+  stats_.flops[i] += flops;
+  return Status::success();
+}
+
+Result<Tensor> ModelRunner::embed(std::span<const int32_t> tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  for (int32_t id : tokens) {
+    KEV_CHECK(id >= 0 && id < config_.n_vocab, ErrorCode::InvalidRequest, "token id ", id,
+              " is outside the model's vocabulary of ", config_.n_vocab, " rows");
+  }
+  KEV_ASSIGN_OR_RETURN(Tensor ids, arena_.alloc(DType::I32, {n}));
+  KEV_TRY(backend_->upload(ids, tokens.data(), tokens.size() * sizeof(int32_t)));
+  KEV_ASSIGN_OR_RETURN(Tensor x, arena_.alloc(DType::F32, {n, config_.n_embd}));
+  KEV_TRY(run(OpKind::Embedding, {weights_.embed, ids, x}, [&] { return backend_->embedding(weights_.embed, ids, x); }));
+  return x;
+}
+
+Result<PrefixState> ModelRunner::alloc_prefix(int64_t n_tokens) {
+  const ModelConfig& c = config_;
+  const int64_t C = c.gdn_conv_channels(), K = c.gdn_conv_kernel;
+  const size_t conv_bytes = align_up(static_cast<size_t>(C * K) * 4, kArenaAlign);
+  const size_t rec_bytes =
+      align_up(static_cast<size_t>(c.gdn_n_v_heads * c.gdn_k_dim * c.gdn_v_dim) * 4, kArenaAlign);
+  const size_t kv_bytes = align_up(static_cast<size_t>(n_tokens * c.n_head_kv * c.head_dim) * 4, kArenaAlign);
+  const size_t n_gdn = static_cast<size_t>(c.n_gdn_layers()), n_attn = static_cast<size_t>(c.n_attn_layers());
+  PrefixState p;
+  p.n_tokens = n_tokens;
+  p.bytes = n_gdn * (conv_bytes + rec_bytes) + n_attn * 2 * kv_bytes;
+  KEV_ASSIGN_OR_RETURN(p.buffer, backend_->alloc(p.bytes, BufferUsage::PrefixState));
+  // Zeroed so the padding between tensors is defined: the snapshot hashes bit-identically.
+  KEV_TRY(backend_->fill_zero(Tensor::contiguous(p.buffer.get(), 0, DType::F32, {static_cast<int64_t>(p.bytes / 4)})));
+  size_t off = 0;
+  for (size_t i = 0; i < n_gdn; ++i) {
+    p.conv.push_back(Tensor::contiguous(p.buffer.get(), off, DType::F32, {C, K}));
+    off += conv_bytes;
+    p.recurrent.push_back(
+        Tensor::contiguous(p.buffer.get(), off, DType::F32, {c.gdn_n_v_heads, c.gdn_k_dim, c.gdn_v_dim}));
+    off += rec_bytes;
+  }
+  for (size_t i = 0; i < n_attn; ++i) {
+    p.k.push_back(Tensor::contiguous(p.buffer.get(), off, DType::F32, {n_tokens, c.n_head_kv, c.head_dim}));
+    off += kv_bytes;
+    p.v.push_back(Tensor::contiguous(p.buffer.get(), off, DType::F32, {n_tokens, c.n_head_kv, c.head_dim}));
+    off += kv_bytes;
+  }
+  return p;
+}
+
+// Gated attention (KEV_SPEC §5.3). mix = o_proj(attn(N_q(q), N_k(k), v) ⊙ σ(gate)). During the state
+// pass (out_prefix set) K after norm + RoPE and V are stored in the snapshot.
+Status ModelRunner::attention_layer(size_t il, const LayerWeights& L, const Tensor& a, const SeqLayout& layout,
+                                    const PrefixState& prefix, PrefixState* out_prefix, bool need_output,
+                                    const Tensor& mix) {
+  const ModelConfig& c = config_;
+  const AttentionWeights& W = L.attn;
+  const int64_t n = a.dim(0), H = c.n_head, Hkv = c.n_head_kv, hd = c.head_dim;
+  const Tensor none;
+  const size_t ia = attn_index_[il];
+  const float eps = static_cast<float>(c.rms_eps);
+
+  KEV_ASSIGN_OR_RETURN(Tensor k_raw, arena_.alloc(DType::F32, {n, Hkv * hd}));
+  KEV_ASSIGN_OR_RETURN(Tensor v_raw, arena_.alloc(DType::F32, {n, Hkv * hd}));
+  KEV_TRY(run(OpKind::Matmul, {a, W.k_proj, none, k_raw}, [&] { return backend_->matmul(a, W.k_proj, none, k_raw); }));
+  KEV_TRY(run(OpKind::Matmul, {a, W.v_proj, none, v_raw}, [&] { return backend_->matmul(a, W.v_proj, none, v_raw); }));
+  const Tensor v = v_raw.reshaped({n, Hkv, hd});
+  // k ← N_knorm(k) per head, then RoPE on dims [0, n_rot).
+  KEV_ASSIGN_OR_RETURN(Tensor k, arena_.alloc(DType::F32, {n, Hkv, hd}));
+  const Tensor k_heads = k_raw.reshaped({n, Hkv, hd});
+  KEV_TRY(run(OpKind::RmsNorm, {k_heads, W.k_norm, k}, [&] { return backend_->rms_norm(k_heads, W.k_norm, eps, k); }));
+  KEV_TRY(run(OpKind::Rope, {k}, [&] { return backend_->rope(k, layout, c.n_rot, c.rope_theta); }));
+  if (out_prefix) {
+    KEV_TRY(run(OpKind::Copy, {k, out_prefix->k[ia]}, [&] { return backend_->copy(k, out_prefix->k[ia]); }));
+    KEV_TRY(run(OpKind::Copy, {v, out_prefix->v[ia]}, [&] { return backend_->copy(v, out_prefix->v[ia]); }));
+  }
+  if (!need_output) return Status::success();
+
+  // q_proj → [n, H, 2·hd]: per head the first hd values are the query, the last hd the output gate.
+  KEV_ASSIGN_OR_RETURN(Tensor qg, arena_.alloc(DType::F32, {n, H * 2 * hd}));
+  KEV_TRY(run(OpKind::Matmul, {a, W.q_proj, none, qg}, [&] { return backend_->matmul(a, W.q_proj, none, qg); }));
+  const Tensor qg_heads = qg.reshaped({n, H, 2 * hd});
+  const Tensor q_raw = qg_heads.slice(2, 0, hd);  // [n, H, hd] strided
+  const Tensor gate = qg_heads.slice(2, hd, hd);  // [n, H, hd] strided
+  KEV_ASSIGN_OR_RETURN(Tensor q, arena_.alloc(DType::F32, {n, H, hd}));
+  KEV_TRY(run(OpKind::RmsNorm, {q_raw, W.q_norm, q}, [&] { return backend_->rms_norm(q_raw, W.q_norm, eps, q); }));
+  KEV_TRY(run(OpKind::Rope, {q}, [&] { return backend_->rope(q, layout, c.n_rot, c.rope_theta); }));
+
+  // Causal GQA with scale 1/sqrt(hd), over the prefix K/V (rows) and the sequence's own keys.
+  const Tensor pk = layout.from_prefix ? prefix.k[ia] : none;
+  const Tensor pv = layout.from_prefix ? prefix.v[ia] : none;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  KEV_ASSIGN_OR_RETURN(Tensor att, arena_.alloc(DType::F32, {n, H, hd}));
+  KEV_TRY(run(OpKind::Attention, {q, k, v, pk, pv, att},
+              [&] { return backend_->attention(q, k, v, pk, pv, layout, scale, att); },
+              attention_flops(layout, layout.from_prefix ? prefix.n_tokens : 0, H, hd)));
+  KEV_TRY(run(OpKind::SigmoidMul, {att, gate, att}, [&] { return backend_->sigmoid_mul(att, gate, att); }));
+  const Tensor att_flat = att.reshaped({n, H * hd});
+  KEV_TRY(run(OpKind::Matmul, {att_flat, W.o_proj, none, mix},
+              [&] { return backend_->matmul(att_flat, W.o_proj, none, mix); }));
+  return Status::success();
+}
+
+// Gated DeltaNet (KEV_SPEC §5.4). Projections, causal conv (K=4) + SiLU, split q̂ k̂ v, l2 norms (q scaled
+// by 1/sqrt(d_k)), gates, the chunked delta rule from the prefix state (rows) or zero (state pass),
+// gated RMSNorm with SiLU(z), out projection.
+Status ModelRunner::gdn_layer(size_t il, const LayerWeights& L, const Tensor& a, const SeqLayout& layout,
+                              const PrefixState& prefix, PrefixState* out_prefix, const Tensor& mix) {
+  const ModelConfig& c = config_;
+  const GdnWeights& W = L.gdn;
+  const int64_t n = a.dim(0), C = c.gdn_conv_channels();
+  const int64_t Hk = c.gdn_n_k_heads, Hv = c.gdn_n_v_heads, dk = c.gdn_k_dim, dv = c.gdn_v_dim;
+  const Tensor none;
+  const size_t ig = gdn_index_[il];
+  const float eps = static_cast<float>(c.rms_eps);
+
+  KEV_ASSIGN_OR_RETURN(Tensor qkv, arena_.alloc(DType::F32, {n, C}));
+  KEV_ASSIGN_OR_RETURN(Tensor z, arena_.alloc(DType::F32, {n, Hv * dv}));
+  KEV_ASSIGN_OR_RETURN(Tensor b, arena_.alloc(DType::F32, {n, Hv}));
+  KEV_ASSIGN_OR_RETURN(Tensor alpha, arena_.alloc(DType::F32, {n, Hv}));
+  KEV_TRY(run(OpKind::Matmul, {a, W.in_proj_qkv, none, qkv}, [&] { return backend_->matmul(a, W.in_proj_qkv, none, qkv); }));
+  KEV_TRY(run(OpKind::Matmul, {a, W.in_proj_z, none, z}, [&] { return backend_->matmul(a, W.in_proj_z, none, z); }));
+  KEV_TRY(run(OpKind::Matmul, {a, W.in_proj_b, none, b}, [&] { return backend_->matmul(a, W.in_proj_b, none, b); }));
+  KEV_TRY(run(OpKind::Matmul, {a, W.in_proj_a, none, alpha}, [&] { return backend_->matmul(a, W.in_proj_a, none, alpha); }));
+
+  // c'_t = SiLU(Σ_j W[·,j] c_{t-3+j}); earlier inputs from the prefix's conv state (rows) or zeros.
+  KEV_ASSIGN_OR_RETURN(Tensor conv, arena_.alloc(DType::F32, {n, C}));
+  const Tensor conv_in = layout.from_prefix ? prefix.conv[ig] : none;
+  const Tensor conv_out = out_prefix ? out_prefix->conv[ig] : none;
+  KEV_TRY(run(OpKind::CausalConv1dSilu, {qkv, W.conv1d, conv_in, conv, conv_out},
+              [&] { return backend_->causal_conv1d_silu(qkv, W.conv1d, conv_in, layout, conv, conv_out); }));
+
+  // Split c' as q̂ [n,H_k,d_k], k̂ [n,H_k,d_k], v [n,H_v,d_v] (strided views); q = l2n(q̂)/√d_k, k = l2n(k̂).
+  const Tensor q_hat = conv.slice(1, 0, Hk * dk).split_last(Hk);
+  const Tensor k_hat = conv.slice(1, Hk * dk, Hk * dk).split_last(Hk);
+  const Tensor v = conv.slice(1, 2 * Hk * dk, Hv * dv).split_last(Hv);
+  KEV_ASSIGN_OR_RETURN(Tensor q, arena_.alloc(DType::F32, {n, Hk, dk}));
+  KEV_ASSIGN_OR_RETURN(Tensor k, arena_.alloc(DType::F32, {n, Hk, dk}));
+  const float q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
+  KEV_TRY(run(OpKind::L2Norm, {q_hat, q}, [&] { return backend_->l2_norm(q_hat, 1e-6f, q_scale, q); }));
+  KEV_TRY(run(OpKind::L2Norm, {k_hat, k}, [&] { return backend_->l2_norm(k_hat, 1e-6f, 1.0f, k); }));
+
+  // β = σ(b), g = −exp(A_log)·softplus(α̃ + dt_bias).
+  KEV_ASSIGN_OR_RETURN(Tensor beta, arena_.alloc(DType::F32, {n, Hv}));
+  KEV_ASSIGN_OR_RETURN(Tensor g, arena_.alloc(DType::F32, {n, Hv}));
+  KEV_TRY(run(OpKind::GdnGates, {b, alpha, W.a_log, W.dt_bias, beta, g},
+              [&] { return backend_->gdn_gates(b, alpha, W.a_log, W.dt_bias, beta, g); }));
+
+  KEV_ASSIGN_OR_RETURN(Tensor o, arena_.alloc(DType::F32, {n, Hv, dv}));
+  const Tensor s_in = layout.from_prefix ? prefix.recurrent[ig] : none;
+  const Tensor s_out = out_prefix ? out_prefix->recurrent[ig] : none;
+  KEV_TRY(run(OpKind::GatedDeltaRule, {q, k, v, g, beta, s_in, o, s_out},
+              [&] { return backend_->gated_delta_rule(q, k, v, g, beta, s_in, layout, o, s_out); }));
+
+  // y = out_proj(concat_h G(o_h, z_h)), G(o, z) = w ⊙ o/√(mean(o²)+ε) ⊙ SiLU(z).
+  const Tensor z_heads = z.reshaped({n, Hv, dv});
+  KEV_TRY(run(OpKind::RmsNormGated, {o, z_heads, W.norm, o},
+              [&] { return backend_->rms_norm_gated(o, z_heads, W.norm, eps, o); }));
+  const Tensor o_flat = o.reshaped({n, Hv * dv});
+  KEV_TRY(run(OpKind::Matmul, {o_flat, W.out_proj, none, mix}, [&] { return backend_->matmul(o_flat, W.out_proj, none, mix); }));
+  return Status::success();
+}
+
+// x += down_proj(SiLU(gate_proj(a)) ⊙ up_proj(a)), a = N_post(x).
+Status ModelRunner::mlp(const LayerWeights& L, const Tensor& x) {
+  const int64_t n = x.dim(0), d = config_.n_embd, F = config_.n_ff;
+  const Tensor none;
+  const size_t mark = arena_.mark();
+  KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, d}));
+  const float eps = static_cast<float>(config_.rms_eps);
+  KEV_TRY(run(OpKind::RmsNorm, {x, L.post_norm, a}, [&] { return backend_->rms_norm(x, L.post_norm, eps, a); }));
+  KEV_ASSIGN_OR_RETURN(Tensor gate, arena_.alloc(DType::F32, {n, F}));
+  KEV_ASSIGN_OR_RETURN(Tensor up, arena_.alloc(DType::F32, {n, F}));
+  KEV_TRY(run(OpKind::Matmul, {a, L.gate_proj, none, gate}, [&] { return backend_->matmul(a, L.gate_proj, none, gate); }));
+  KEV_TRY(run(OpKind::Matmul, {a, L.up_proj, none, up}, [&] { return backend_->matmul(a, L.up_proj, none, up); }));
+  KEV_TRY(run(OpKind::Swiglu, {gate, up, gate}, [&] { return backend_->swiglu(gate, up, gate); }));
+  KEV_TRY(run(OpKind::Matmul, {gate, L.down_proj, none, a}, [&] { return backend_->matmul(gate, L.down_proj, none, a); }));
+  KEV_TRY(run(OpKind::Add, {x, a, x}, [&] { return backend_->add(x, a, x); }));
+  arena_.rewind(mark);
+  return Status::success();
+}
+
+Result<PrefixState> ModelRunner::prefill(std::span<const int32_t> tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  KEV_CHECK(n > 0, ErrorCode::InvalidRequest, "the state pass needs at least one token");
+  KEV_ASSIGN_OR_RETURN(PrefixState prefix, alloc_prefix(n));
+  const PrefixState no_prefix;
+  SeqLayout layout;
+  layout.offsets = {0, static_cast<int32_t>(n)};
+  layout.pos0 = 0;
+  layout.from_prefix = false;
+
+  KEV_ASSIGN_OR_RETURN(Tensor x, embed(tokens));
+  const float eps = static_cast<float>(config_.rms_eps);
+  const size_t n_layers = weights_.layers.size();
+  for (size_t il = 0; il < n_layers; ++il) {
+    const LayerWeights& L = weights_.layers[il];
+    // The state pass keeps only what later rows read: the last layer's MLP (and, for an attention
+    // layer, its output) feeds nothing stored in the snapshot.
+    const bool last = il + 1 == n_layers;
+    const size_t mark = arena_.mark();
+    KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, config_.n_embd}));
+    KEV_ASSIGN_OR_RETURN(Tensor mix, arena_.alloc(DType::F32, {n, config_.n_embd}));
+    KEV_TRY(run(OpKind::RmsNorm, {x, L.input_norm, a}, [&] { return backend_->rms_norm(x, L.input_norm, eps, a); }));
+    if (L.type == LayerType::FullAttention) {
+      KEV_TRY(attention_layer(il, L, a, layout, no_prefix, &prefix, !last, mix));
+    } else {
+      KEV_TRY(gdn_layer(il, L, a, layout, no_prefix, &prefix, mix));
+    }
+    if (last) break;
+    KEV_TRY(run(OpKind::Add, {x, mix, x}, [&] { return backend_->add(x, mix, x); }));
+    arena_.rewind(mark);
+    KEV_TRY(mlp(L, x));
+  }
+  KEV_TRY(backend_->synchronize());
+  KEV_TRY(arena_.reset());
+  return prefix;
+}
+
+Result<std::vector<float>> ModelRunner::score(const PrefixState& prefix, const ScorePass& pass) {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(pass.tokens.size());
+  const int64_t M = static_cast<int64_t>(pass.option_rows.size());
+  const int64_t R = static_cast<int64_t>(pass.decide_rows.size());
+  KEV_CHECK(n > 0 && M > 0 && R == pass.layout.n_seqs() && pass.layout.n_tokens() == n &&
+                static_cast<int64_t>(pass.option_question.size()) == M &&
+                (!pass.layout.from_prefix || pass.layout.pos0 == prefix.n_tokens),
+            ErrorCode::Internal, "inconsistent score pass: ", n, " tokens, ", R, " rows, ", M, " options");
+
+  KEV_ASSIGN_OR_RETURN(Tensor x, embed(pass.tokens));
+  const float eps = static_cast<float>(c.rms_eps);
+  const Tensor none;
+  const size_t n_layers = weights_.layers.size();
+  for (size_t il = 0; il + 1 < n_layers; ++il) {
+    const LayerWeights& L = weights_.layers[il];
+    const size_t mark = arena_.mark();
+    KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, c.n_embd}));
+    KEV_ASSIGN_OR_RETURN(Tensor mix, arena_.alloc(DType::F32, {n, c.n_embd}));
+    KEV_TRY(run(OpKind::RmsNorm, {x, L.input_norm, a}, [&] { return backend_->rms_norm(x, L.input_norm, eps, a); }));
+    if (L.type == LayerType::FullAttention) {
+      KEV_TRY(attention_layer(il, L, a, pass.layout, prefix, nullptr, true, mix));
+    } else {
+      KEV_TRY(gdn_layer(il, L, a, pass.layout, prefix, nullptr, mix));
+    }
+    KEV_TRY(run(OpKind::Add, {x, mix, x}, [&] { return backend_->add(x, mix, x); }));
+    arena_.rewind(mark);
+    KEV_TRY(mlp(L, x));
+  }
+
+  // Last layer: the mixer runs on every token (later tokens of a row depend on earlier ones), but the
+  // MLP, the final norm and the head only on the readout rows: the M option closes, then R decides.
+  const LayerWeights& last = weights_.layers.back();
+  {
+    KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, c.n_embd}));
+    KEV_ASSIGN_OR_RETURN(Tensor mix, arena_.alloc(DType::F32, {n, c.n_embd}));
+    KEV_TRY(run(OpKind::RmsNorm, {x, last.input_norm, a}, [&] { return backend_->rms_norm(x, last.input_norm, eps, a); }));
+    if (last.type == LayerType::FullAttention) {
+      KEV_TRY(attention_layer(n_layers - 1, last, a, pass.layout, prefix, nullptr, true, mix));
+    } else {
+      KEV_TRY(gdn_layer(n_layers - 1, last, a, pass.layout, prefix, nullptr, mix));
+    }
+    KEV_TRY(run(OpKind::Add, {x, mix, x}, [&] { return backend_->add(x, mix, x); }));
+  }
+  std::vector<int32_t> readout(pass.option_rows);
+  readout.insert(readout.end(), pass.decide_rows.begin(), pass.decide_rows.end());
+  const int64_t m = M + R;
+  KEV_ASSIGN_OR_RETURN(Tensor idx, arena_.alloc(DType::I32, {m}));
+  KEV_TRY(backend_->upload(idx, readout.data(), readout.size() * sizeof(int32_t)));
+  KEV_ASSIGN_OR_RETURN(Tensor xr, arena_.alloc(DType::F32, {m, c.n_embd}));
+  KEV_TRY(run(OpKind::GatherRows, {x, idx, xr}, [&] { return backend_->gather_rows(x, idx, xr); }));
+  KEV_TRY(mlp(last, xr));
+  KEV_ASSIGN_OR_RETURN(Tensor h, arena_.alloc(DType::F32, {m, c.n_embd}));
+  KEV_TRY(run(OpKind::RmsNorm, {xr, weights_.final_norm, h},
+              [&] { return backend_->rms_norm(xr, weights_.final_norm, eps, h); }));
+
+  // Pointer head: u = W_q h_D + b_q, κ_j = W_k h_j + b_k, z_j = (κ_j·u) / sqrt(P) / T.
+  const HeadWeights& hw = weights_.head;
+  const int64_t P = weights_.pointer_dim;
+  const Tensor h_close = h.slice(0, 0, M);
+  const Tensor h_decide = h.slice(0, M, R);
+  KEV_ASSIGN_OR_RETURN(Tensor u, arena_.alloc(DType::F32, {R, P}));
+  KEV_ASSIGN_OR_RETURN(Tensor kappa, arena_.alloc(DType::F32, {M, P}));
+  KEV_TRY(run(OpKind::Matmul, {h_decide, hw.q_weight, hw.q_bias, u},
+              [&] { return backend_->matmul(h_decide, hw.q_weight, hw.q_bias, u); }));
+  KEV_TRY(run(OpKind::Matmul, {h_close, hw.k_weight, hw.k_bias, kappa},
+              [&] { return backend_->matmul(h_close, hw.k_weight, hw.k_bias, kappa); }));
+  KEV_ASSIGN_OR_RETURN(Tensor qidx, arena_.alloc(DType::I32, {M}));
+  KEV_TRY(backend_->upload(qidx, pass.option_question.data(), pass.option_question.size() * sizeof(int32_t)));
+  KEV_ASSIGN_OR_RETURN(Tensor logits, arena_.alloc(DType::F32, {M}));
+  const float scale = static_cast<float>(logit_scale_);
+  KEV_TRY(run(OpKind::PointerLogits, {u, kappa, qidx, logits},
+              [&] { return backend_->pointer_logits(u, kappa, qidx, scale, logits); }));
+
+  std::vector<float> out(static_cast<size_t>(M));
+  KEV_TRY(backend_->download(logits, out.data(), out.size() * sizeof(float)));
+  KEV_TRY(arena_.reset());
+  return out;
+}
+
+}  // namespace kev

@@ -137,6 +137,17 @@ EDGE = [
     "\U0001f3fb lone skin tone", "\ufe0f lone VS16", "\u20e3 lone keycap",
 ]
 
+# Where regex engines disagree on \s, case folding or Unicode versions (Oniguruma in HF, PCRE2 here, V8 in
+# the JS port): U+FEFF, U+0085, U+180E, U+1680, long s and Kelvin sign under (?i:'s), dotless i, letters
+# added in Unicode 15 (CJK Ext H U+31350, Nag Mundari U+1E4D0, Kawi U+11F04), Nl/No numbers, tatweel, ZWJ.
+PROBES = [
+    "a\ufeff\ufeffb", "x\ufeff!", "a\u0085\u0085b", "x\u0085!", "x\u180e!", "a\u180e\u180eb", "'\u017fhello",
+    "'\u212ahello", "'\u017fx'\u017f", "'Ss", "'\u0131d", "x\u1680!", "a\u2028\u2028b", "\u3000\u3000x",
+    "a\u00a0\u00a0b", "\U00020000x", "a\U00031350", "\U00031350\U00031351 x", "a\U0001e4d0",
+    "\U00011f04\U00011f05", "x\u0640y", "1\u00b2\u00b3", "\u2160\u2161 x", "a\u200db", "abc\u0301def",
+    "\u0301\u0301", "'\u0301s", "'s\u0301", "<|endoftext|>\u0338x",
+]
+
 LONG = [
     ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut "
      "labore et dolore magna aliqua. ") * 30,
@@ -221,7 +232,7 @@ def write_jsonl(path, strings):
 
 def main():
     lines = LATIN + DECOMPOSED + SCRIPTS + EMOJI + CODE + WHITESPACE + NUMBERS + CONTRACTIONS + PUNCT
-    lines += SPECIAL + EDGE + LONG + mixed(80)
+    lines += SPECIAL + EDGE + PROBES + LONG + mixed(80)
     seen = set()
     unique = [s for s in lines if not (s in seen or seen.add(s))]
     FIXTURES.mkdir(parents=True, exist_ok=True)

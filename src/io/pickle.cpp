@@ -467,7 +467,7 @@ class PickleMachine {
         KEV_TRY(need(2));
         PickleValue item = pop();
         PickleList* l = list_at_top();
-        if (l == nullptr) return fail(cat("appends to a ", stack_.back().type_name(), ", not a list"));
+        if (l == nullptr) return fail(cat("appends to a value of type ", stack_.back().type_name(), ", not a list"));
         l->items.push_back(std::move(item));
         return Status::success();
       }
@@ -475,7 +475,7 @@ class PickleMachine {
         KEV_ASSIGN_OR_RETURN(std::vector<PickleValue> items, pop_mark());
         KEV_TRY(need(1));
         PickleList* l = list_at_top();
-        if (l == nullptr) return fail(cat("appends to a ", stack_.back().type_name(), ", not a list"));
+        if (l == nullptr) return fail(cat("appends to a value of type ", stack_.back().type_name(), ", not a list"));
         std::move(items.begin(), items.end(), std::back_inserter(l->items));
         return Status::success();
       }
@@ -484,7 +484,7 @@ class PickleMachine {
         PickleValue value = pop();
         PickleValue key = pop();
         PickleDict* d = dict_at_top();
-        if (d == nullptr) return fail(cat("sets an item on a ", stack_.back().type_name(), ", not a dict"));
+        if (d == nullptr) return fail(cat("sets an item on a value of type ", stack_.back().type_name(), ", not a dict"));
         if (Status s = d->set(std::move(key), std::move(value)); !s.ok()) return fail(s.message());
         return Status::success();
       }
@@ -493,7 +493,7 @@ class PickleMachine {
         KEV_TRY(need(1));
         if (items.size() % 2 != 0) return fail(cat("has ", items.size(), " values, not key/value pairs"));
         PickleDict* d = dict_at_top();
-        if (d == nullptr) return fail(cat("sets items on a ", stack_.back().type_name(), ", not a dict"));
+        if (d == nullptr) return fail(cat("sets items on a value of type ", stack_.back().type_name(), ", not a dict"));
         for (size_t i = 0; i < items.size(); i += 2) {
           if (Status s = d->set(std::move(items[i]), std::move(items[i + 1])); !s.ok()) return fail(s.message());
         }
@@ -537,7 +537,7 @@ class PickleMachine {
         KEV_TRY(need(2));
         PickleValue args = pop();
         const PickleGlobal* callable = stack_.back().if_global();
-        if (callable == nullptr) return fail(cat("calls a ", stack_.back().type_name(), ", not a global"));
+        if (callable == nullptr) return fail(cat("calls a value of type ", stack_.back().type_name(), ", not a global"));
         if (!hooks_.reduce) return fail(cat("calls ", callable->qualified(), "; no calls are allowed here"));
         KEV_ASSIGN_OR_RETURN(PickleValue result, hooks_.reduce(*callable, args));
         adopt(result);
@@ -547,7 +547,7 @@ class PickleMachine {
       case 'b': {
         KEV_TRY(need(2));
         PickleValue state = pop();
-        if (!hooks_.build) return fail(cat("sets the state of a ", stack_.back().type_name(), "; not allowed here"));
+        if (!hooks_.build) return fail(cat("sets the state of a value of type ", stack_.back().type_name(), "; not allowed here"));
         return hooks_.build(stack_.back(), state);
       }
       case 'Q': {

@@ -123,7 +123,7 @@ Result<HostTensor> TorchTensor::to_host_f32() const {
       break;
     default:
       return Status(ErrorCode::InvalidArtifact,
-                    cat("a ", torch_dtype_name(dtype), " tensor does not convert exactly to float32"));
+                    cat(torch_dtype_name(dtype), " tensors do not convert exactly to float32"));
   }
   return out;
 }
@@ -152,7 +152,7 @@ Result<std::vector<int64_t>> TorchTensor::to_int64() const {
       for_each_element(*this, [&](int64_t i, int64_t s) { dst[i] = element<uint8_t>(st, s) != 0; });
       break;
     default:
-      return Status(ErrorCode::InvalidArtifact, cat("a ", torch_dtype_name(dtype), " tensor is not an integer tensor"));
+      return Status(ErrorCode::InvalidArtifact, cat(torch_dtype_name(dtype), " tensors are not integer tensors"));
   }
   return out;
 }
@@ -231,7 +231,7 @@ Result<std::vector<int64_t>> int_sequence(const PickleGlobal& g, const PickleVal
   std::vector<int64_t> out;
   for (const PickleValue& item : *items) {
     const int64_t* i = item.if_int();
-    if (i == nullptr || *i < 0) return bad_args(g, cat(what, " holding a ", item.type_name(), " or a negative int"));
+    if (i == nullptr || *i < 0) return bad_args(g, cat(what, " holding a value of type ", item.type_name(), " or a negative int"));
     out.push_back(*i);
   }
   return out;
@@ -241,10 +241,10 @@ Result<std::vector<int64_t>> int_sequence(const PickleGlobal& g, const PickleVal
 Result<PickleValue> rebuild_tensor(const PickleGlobal& g, const PickleValue& args) {
   const std::vector<PickleValue>* a = args.if_tuple();
   if (a == nullptr || (a->size() != 6 && a->size() != 7)) {
-    return bad_args(g, a ? cat(a->size(), " arguments; expected 6 or 7") : cat("a ", args.type_name()));
+    return bad_args(g, a ? cat(a->size(), " arguments; expected 6 or 7") : cat("arguments of type ", args.type_name()));
   }
   const std::shared_ptr<const TorchStorage>* storage = (*a)[0].if_storage();
-  if (storage == nullptr) return bad_args(g, cat("a ", (*a)[0].type_name(), " where the storage belongs"));
+  if (storage == nullptr) return bad_args(g, cat("a value of type ", (*a)[0].type_name(), " where the storage belongs"));
   const int64_t* offset = (*a)[1].if_int();
   if (offset == nullptr || *offset < 0) return bad_args(g, "a storage offset that is not a non-negative int");
   auto t = std::make_shared<TorchTensor>();
@@ -255,7 +255,7 @@ Result<PickleValue> rebuild_tensor(const PickleGlobal& g, const PickleValue& arg
   }
   if (!(*a)[4].if_bool()) return bad_args(g, "requires_grad that is not a bool");
   for (size_t i = 5; i < a->size(); ++i) {
-    if (!(*a)[i].if_dict()) return bad_args(g, cat("a ", (*a)[i].type_name(), " where a dict belongs"));
+    if (!(*a)[i].if_dict()) return bad_args(g, cat("a value of type ", (*a)[i].type_name(), " where a dict belongs"));
   }
   const TorchStorage& st = **storage;
   t->dtype = st.dtype;
@@ -337,6 +337,11 @@ class Archive {
                 " bytes", n < 0 ? cat(": ", zip_file_strerror(f.get())) : std::string(), " (truncated?)");
       done += static_cast<zip_uint64_t>(n);
     }
+    // libzip verifies the CRC only once a read reaches the end of the entry.
+    uint8_t extra = 0;
+    const zip_int64_t tail = zip_fread(f.get(), &extra, 1);
+    KEV_CHECK(tail == 0, ErrorCode::InvalidArtifact, "entry '", full, "': ",
+              tail < 0 ? zip_file_strerror(f.get()) : "holds more bytes than its size says");
     return bytes;
   }
 
@@ -399,7 +404,7 @@ class CheckpointReader {
     h.reduce = [this](const PickleGlobal& g, const PickleValue& args) { return reduce(g, args); };
     h.build = [](const PickleValue& object, const PickleValue&) -> Status {
       // OrderedDicts from state_dict() carry a `_metadata` attribute; it is not data.
-      KEV_CHECK(object.if_dict(), ErrorCode::InvalidArtifact, "pickle sets the state of a ", object.type_name(),
+      KEV_CHECK(object.if_dict(), ErrorCode::InvalidArtifact, "pickle sets the state of a value of type ", object.type_name(),
                 " (BUILD); only dict attributes are accepted");
       return Status::success();
     };

@@ -36,16 +36,13 @@ class Fields {
     return v;
   }
 
-  // A boolean whose only supported value is `supported`; absent means `fallback`.
-  Result<bool> flag(std::string_view key, bool fallback, bool supported, std::string_view why) const {
-    if (get(key) == nullptr) {
-      KEV_CHECK(fallback == supported, ErrorCode::InvalidArtifact, context_, ": missing field '", key, "'");
-      return fallback;
-    }
+  // A boolean whose only supported value is `supported`, which is also its transformers default.
+  Status require_flag(std::string_view key, bool supported, std::string_view why) const {
+    if (get(key) == nullptr) return Status::success();
     KEV_ASSIGN_OR_RETURN(bool v, json_bool(obj_, key, context_));
     KEV_CHECK(v == supported, ErrorCode::Unsupported, context_, ": ", key, "=", v ? "true" : "false",
               " is not supported (", why, ")");
-    return v;
+    return Status::success();
   }
 
  private:
@@ -177,9 +174,9 @@ Result<ModelConfig> parse_text_config(const json& obj, const std::string& contex
   KEV_ASSIGN_OR_RETURN(c.head_dim, f.positive("head_dim"));
   KEV_CHECK(c.n_head % c.n_head_kv == 0, ErrorCode::InvalidArtifact, context, ": num_attention_heads (", c.n_head,
             ") is not a multiple of num_key_value_heads (", c.n_head_kv, ")");
-  KEV_ASSIGN_OR_RETURN(c.attn_output_gate,
-                       f.flag("attn_output_gate", true, true, "Qwen3.5 attention has a sigmoid output gate"));
-  KEV_TRY(f.flag("attention_bias", false, false, "the backbone's projections have no bias"));
+  KEV_TRY(f.require_flag("attn_output_gate", true, "Qwen3.5 attention has a sigmoid output gate"));
+  c.attn_output_gate = true;
+  KEV_TRY(f.require_flag("attention_bias", false, "the backbone's projections have no bias"));
   KEV_TRY(parse_rope(f, c));
 
   KEV_ASSIGN_OR_RETURN(c.gdn_n_k_heads, f.positive("linear_num_key_heads"));

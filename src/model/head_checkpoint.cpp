@@ -25,7 +25,7 @@ bool is_known_key(std::string_view key) {
 }
 
 Status wrong_type(std::string_view key, const PickleValue& v, const char* expected) {
-  return Status(ErrorCode::InvalidArtifact, cat("'", key, "' is a ", v.type_name(), "; expected ", expected));
+  return Status(ErrorCode::InvalidArtifact, cat("'", key, "' has type ", v.type_name(), "; expected ", expected));
 }
 
 // The value under `key`, or nullptr when the key is missing or None (both mean "use the default").
@@ -75,7 +75,7 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 Result<HostTensor> read_head_tensor(const PickleDict& head, std::string_view name) {
   const PickleValue* v = head.find(name);
   KEV_CHECK(v != nullptr, ErrorCode::InvalidArtifact, "'head' has no '", name, "' tensor");
-  KEV_CHECK(v->if_tensor(), ErrorCode::InvalidArtifact, "'head.", name, "' is a ", v->type_name(), ", not a tensor");
+  KEV_CHECK(v->if_tensor(), ErrorCode::InvalidArtifact, "'head.", name, "' has type ", v->type_name(), ", not tensor");
   const TorchTensor& t = **v->if_tensor();
   KEV_CHECK(t.dtype == TorchDtype::Float32 || t.dtype == TorchDtype::BFloat16 || t.dtype == TorchDtype::Float16,
             ErrorCode::InvalidArtifact, "'head.", name, "' is ", torch_dtype_name(t.dtype),
@@ -121,7 +121,7 @@ Status read_head(const PickleDict& root, HeadCheckpoint& h) {
 
 Status parse(const PickleValue& root_value, HeadCheckpoint& h) {
   const PickleDict* root = root_value.if_dict();
-  KEV_CHECK(root != nullptr, ErrorCode::InvalidArtifact, "holds a ", root_value.type_name(),
+  KEV_CHECK(root != nullptr, ErrorCode::InvalidArtifact, "holds a value of type ", root_value.type_name(),
             "; expected the dict Kev's trainer saves");
   for (const auto& [key, value] : root->entries()) {
     const std::string* name = key.if_string();

@@ -135,5 +135,31 @@ TEST(CpuMemory, TransfersAreBoundsChecked) {
   EXPECT_FALSE(b->upload(Tensor{}, host.data(), 0).ok());
 }
 
+TEST(CpuCopy, Bf16NarrowingRoundsToNearestEven) {
+  for (bool reference : {false, true}) {
+    auto b = cpu(reference);
+    ASSERT_TRUE(b);
+    const uint32_t in_bits[] = {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x7f7fffffu, 0xff800000u, 0x7fc00001u};
+    const uint16_t want[] = {0x3f80, 0x3f82, 0x3f81, 0x7f80, 0xff80, 0x7fc0};
+    std::vector<float> in(6);
+    std::memcpy(in.data(), in_bits, sizeof in_bits);
+    testing::DeviceTensor x = testing::make_f32(*b, {6}, in);
+    auto buf = b->alloc(12, BufferUsage::Activations);
+    ASSERT_TRUE(buf.ok());
+    const Tensor out = Tensor::contiguous(buf.value().get(), 0, DType::BF16, {6});
+    ASSERT_TRUE(b->copy(x.t, out).ok());
+    uint16_t got[6];
+    ASSERT_TRUE(b->download(out, got, sizeof got).ok());
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(got[i], want[i]) << "element " << i << " reference=" << reference;
+    // And back: widening is exact.
+    testing::DeviceTensor back = testing::make_f32(*b, {6});
+    ASSERT_TRUE(b->copy(out, back.t).ok());
+    const std::vector<float> wide = testing::read_f32(*b, back.t);
+    uint32_t wide_bits[6];
+    std::memcpy(wide_bits, wide.data(), sizeof wide_bits);
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(wide_bits[i], static_cast<uint32_t>(want[i]) << 16);
+  }
+}
+
 }  // namespace
 }  // namespace kev

@@ -53,9 +53,8 @@ TEST_F(BadOperands, Matmul) {
   DeviceTensor out = make_f32(b, {4, 6}), bias = make_f32(b, {5});
   expect_refused("matmul", ErrorCode::InvalidRequest, "w is f32[6,7], expected [6,8] ([m,k])",
                  [&](Backend& be) { return be.matmul(x.t, w.t, Tensor{}, out.t); });
-  expect_refused("matmul", ErrorCode::InvalidRequest, "bias", [&](Backend& be) {
-    return be.matmul(x.t, w_ok.t, bias.t, out.t);
-  });
+  expect_refused("matmul", ErrorCode::InvalidRequest, "bias",
+                 [&](Backend& be) { return be.matmul(x.t, w_ok.t, bias.t, out.t); });
   expect_refused("matmul", ErrorCode::InvalidRequest, "out",
                  [&](Backend& be) { return be.matmul(x.t, w_ok.t, Tensor{}, x.t.slice(1, 0, 6)); });
   Tensor bf16 = x.t;
@@ -97,9 +96,8 @@ TEST_F(BadOperands, TensorsOutsideTheirBufferOrStrided) {
                  [&](Backend& be) { return be.rms_norm(alien, w.t, 1e-6f, out.t); });
   expect_refused("rms_norm", ErrorCode::InvalidRequest, "w is f32[7], expected [8] ([d])",
                  [&](Backend& be) { return be.rms_norm(x.t, w.t.slice(0, 0, 7), 1e-6f, out.t); });
-  expect_refused("add", ErrorCode::InvalidRequest, "overlaps", [&](Backend& be) {
-    return be.add(x.t.slice(0, 0, 3), x.t.slice(0, 0, 3), x.t.slice(0, 1, 3));
-  });
+  expect_refused("add", ErrorCode::InvalidRequest, "overlaps",
+                 [&](Backend& be) { return be.add(x.t.slice(0, 0, 3), x.t.slice(0, 0, 3), x.t.slice(0, 1, 3)); });
 }
 
 TEST_F(BadOperands, GatedDeltaRule) {
@@ -150,32 +148,39 @@ TEST_F(BadOperands, ConvAttentionRope) {
   Backend& b = fast();
   DeviceTensor x = make_f32(b, {5, 16}), w = make_f32(b, {16, 4}), w3 = make_f32(b, {16, 3}), st = make_f32(b, {16, 4});
   DeviceTensor out = make_f32(b, {5, 16});
-  expect_refused("causal_conv1d_silu", ErrorCode::InvalidRequest, "state_in is f32[16,4], expected [16,3]",
-                 [&](Backend& be) { return be.causal_conv1d_silu(x.t, w3.t, st.t, one_seq(5, true), out.t, Tensor{}); });
+  expect_refused(
+      "causal_conv1d_silu", ErrorCode::InvalidRequest, "state_in is f32[16,4], expected [16,3]",
+      [&](Backend& be) { return be.causal_conv1d_silu(x.t, w3.t, st.t, one_seq(5, true), out.t, Tensor{}); });
   SeqLayout two;
   two.offsets = {0, 1, 5};
   expect_refused("causal_conv1d_silu", ErrorCode::InvalidRequest, "single-sequence",
                  [&](Backend& be) { return be.causal_conv1d_silu(x.t, w.t, st.t, two, out.t, st.t); });
-  expect_refused("causal_conv1d_silu", ErrorCode::InvalidRequest, "state_in is empty",
-                 [&](Backend& be) { return be.causal_conv1d_silu(x.t, w.t, Tensor{}, one_seq(5, true), out.t, Tensor{}); });
-  expect_refused("causal_conv1d_silu", ErrorCode::InvalidRequest, "overlaps",
-                 [&](Backend& be) { return be.causal_conv1d_silu(x.t, w.t, Tensor{}, one_seq(5, false), x.t, Tensor{}); });
+  expect_refused("causal_conv1d_silu", ErrorCode::InvalidRequest, "state_in is empty", [&](Backend& be) {
+    return be.causal_conv1d_silu(x.t, w.t, Tensor{}, one_seq(5, true), out.t, Tensor{});
+  });
+  expect_refused("causal_conv1d_silu", ErrorCode::InvalidRequest, "overlaps", [&](Backend& be) {
+    return be.causal_conv1d_silu(x.t, w.t, Tensor{}, one_seq(5, false), x.t, Tensor{});
+  });
 
   DeviceTensor q = make_f32(b, {3, 6, 8}), kv = make_f32(b, {3, 4, 8}), ao = make_f32(b, {3, 6, 8});
   DeviceTensor pk = make_f32(b, {2, 4, 8});
   expect_refused("attention", ErrorCode::InvalidRequest, "H = 6 must be a multiple of KV heads Hkv = 4",
                  [&](Backend& be) { return be.attention(q.t, kv.t, kv.t, pk.t, pk.t, one_seq(3, true), 0.3f, ao.t); });
   DeviceTensor q8 = make_f32(b, {3, 8, 8}), ao8 = make_f32(b, {3, 8, 8});
-  expect_refused("attention", ErrorCode::InvalidRequest, "both be given",
-                 [&](Backend& be) { return be.attention(q8.t, kv.t, kv.t, pk.t, Tensor{}, one_seq(3, true), 0.3f, ao8.t); });
+  expect_refused("attention", ErrorCode::InvalidRequest, "both be given", [&](Backend& be) {
+    return be.attention(q8.t, kv.t, kv.t, pk.t, Tensor{}, one_seq(3, true), 0.3f, ao8.t);
+  });
   expect_refused("attention", ErrorCode::InvalidRequest, "prefix_k / prefix_v are empty", [&](Backend& be) {
     return be.attention(q8.t, kv.t, kv.t, Tensor{}, Tensor{}, one_seq(3, true), 0.3f, ao8.t);
   });
   EXPECT_TRUE(b.supports(OpDesc{OpKind::Attention, {q8.t, kv.t, kv.t, pk.t, pk.t, ao8.t}}));
 
-  expect_refused("rope", ErrorCode::InvalidRequest, "n_rot = 5", [&](Backend& be) { return be.rope(q.t, one_seq(3, true), 5, 1e4); });
-  expect_refused("rope", ErrorCode::InvalidRequest, "n_rot = 10", [&](Backend& be) { return be.rope(q.t, one_seq(3, true), 10, 1e4); });
-  expect_refused("rope", ErrorCode::InvalidRequest, "theta", [&](Backend& be) { return be.rope(q.t, one_seq(3, true), 8, -1.0); });
+  expect_refused("rope", ErrorCode::InvalidRequest, "n_rot = 5",
+                 [&](Backend& be) { return be.rope(q.t, one_seq(3, true), 5, 1e4); });
+  expect_refused("rope", ErrorCode::InvalidRequest, "n_rot = 10",
+                 [&](Backend& be) { return be.rope(q.t, one_seq(3, true), 10, 1e4); });
+  expect_refused("rope", ErrorCode::InvalidRequest, "theta",
+                 [&](Backend& be) { return be.rope(q.t, one_seq(3, true), 8, -1.0); });
 }
 
 TEST_F(BadOperands, IndicesOutOfRangeLeaveOutputsUntouched) {
@@ -195,7 +200,8 @@ TEST_F(BadOperands, IndicesOutOfRangeLeaveOutputsUntouched) {
   f16.dtype = DType::F16;
   f16.shape[1] = 8;
   expect_refused("copy", ErrorCode::Unsupported, "f16", [&](Backend& be) { return be.copy(f16, f16); });
-  expect_refused("embedding", ErrorCode::Unsupported, "f16", [&](Backend& be) { return be.embedding(f16, ids.t, out.t); });
+  expect_refused("embedding", ErrorCode::Unsupported, "f16",
+                 [&](Backend& be) { return be.embedding(f16, ids.t, out.t); });
 }
 
 }  // namespace

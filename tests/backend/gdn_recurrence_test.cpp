@@ -163,7 +163,8 @@ TEST(GdnChunkedVsRecurrence, PackedLengths1To200FromSharedStateAtRealHeadSize) {
   for (int64_t r = 0; r < layout.n_seqs(); ++r) {
     std::vector<double> want, unused;
     recurrence(in, layout.offsets[r], layout.offsets[r + 1], true, want, unused);
-    const size_t lo = static_cast<size_t>(layout.offsets[r] * Hv * d), hi = static_cast<size_t>(layout.offsets[r + 1] * Hv * d);
+    const size_t lo = static_cast<size_t>(layout.offsets[r] * Hv * d),
+                 hi = static_cast<size_t>(layout.offsets[r + 1] * Hv * d);
     EXPECT_LE(nmse(got, want, lo, hi), kTol) << "sequence " << r << " of length " << lengths[r];
   }
 }

@@ -116,8 +116,7 @@ void add_matmul(std::vector<OpCase>& cases) {
              mm.name + ",n=" + std::to_string(mm.n) + ",k=" + std::to_string(mm.k) + ",m=" + std::to_string(mm.m) +
                  (mm.bias ? ",bias" : ""),
              {padded(in("x", {mm.n, mm.k}, normal()), 0, mm.x_pad), in("w", {mm.m, mm.k}, normal(0, 0.03)),
-              mm.bias ? in("bias", {mm.m}, normal()) : absent("bias"),
-              padded(out("out", {mm.n, mm.m}), mm.out_pad, 0)},
+              mm.bias ? in("bias", {mm.m}, normal()) : absent("bias"), padded(out("out", {mm.n, mm.m}), mm.out_pad, 0)},
              kTolReduction,
              [](Backend& b, const std::vector<Tensor>& t) { return b.matmul(t[0], t[1], t[2], t[3]); }};
     cases.push_back(c);
@@ -133,13 +132,13 @@ void add_conv(std::vector<OpCase>& cases) {
     int64_t x_pad;
   };
   const C table[] = {
-      {6144, {64}, false, true, 0},          // 0.8B state pass
-      {256, {1}, true, true, 0},             // shorter than K, from a prefix: state_out continues state_in
-      {256, {2}, false, true, 0},            // shorter than K, fresh: zero-left-padded state_out
-      {256, {3}, true, false, 0},            // K-1 tokens: every tap but the last reads the prefix
-      {512, {1, 3, 7, 20}, true, false, 96}, // packed rows from one prefix, x a view of a projection
-      {8192, {5, 40}, true, false, 0},       // 4B channels
-      {128, {0, 4, 9}, false, false, 0},     // an empty sequence in the pack
+      {6144, {64}, false, true, 0},           // 0.8B state pass
+      {256, {1}, true, true, 0},              // shorter than K, from a prefix: state_out continues state_in
+      {256, {2}, false, true, 0},             // shorter than K, fresh: zero-left-padded state_out
+      {256, {3}, true, false, 0},             // K-1 tokens: every tap but the last reads the prefix
+      {512, {1, 3, 7, 20}, true, false, 96},  // packed rows from one prefix, x a view of a projection
+      {8192, {5, 40}, true, false, 0},        // 4B channels
+      {128, {0, 4, 9}, false, false, 0},      // an empty sequence in the pack
   };
   for (const C& cc : table) {
     int64_t n = 0;
@@ -221,9 +220,9 @@ void add_attention(std::vector<OpCase>& cases) {
     bool prefix;
   };
   const A table[] = {
-      {"0.8b,", 8, 2, 0, {70}, false},          {"0.8b,", 8, 2, 1, {5}, true},
-      {"0.8b,", 8, 2, 31, {1, 7, 64}, true},    {"0.8b,", 8, 2, 200, {65, 3}, true},
-      {"4b,", 16, 4, 31, {20}, true},           {"fresh_packed,", 8, 2, 0, {9, 1, 40}, false},
+      {"0.8b,", 8, 2, 0, {70}, false},       {"0.8b,", 8, 2, 1, {5}, true},
+      {"0.8b,", 8, 2, 31, {1, 7, 64}, true}, {"0.8b,", 8, 2, 200, {65, 3}, true},
+      {"4b,", 16, 4, 31, {20}, true},        {"fresh_packed,", 8, 2, 0, {9, 1, 40}, false},
   };
   const int64_t hd = 256;
   for (const A& a : table) {
@@ -232,8 +231,8 @@ void add_attention(std::vector<OpCase>& cases) {
     const SeqLayout layout = layout_of(a.seqs, a.Ls, a.prefix);
     const bool has_prefix = a.Ls > 0;
     OpCase c{OpKind::Attention,
-             a.tag + "H=" + std::to_string(a.H) + ",Hkv=" + std::to_string(a.Hkv) + ",hd=256,Ls=" +
-                 std::to_string(a.Ls) + ",seqs=" + lengths_str(a.seqs) + ",q_view",
+             a.tag + "H=" + std::to_string(a.H) + ",Hkv=" + std::to_string(a.Hkv) +
+                 ",hd=256,Ls=" + std::to_string(a.Ls) + ",seqs=" + lengths_str(a.seqs) + ",q_view",
              // q is the query half of q_proj's [n,H,2·hd] output; k, v columns of their projections.
              {padded(in("q", {n, a.H, hd}, normal(0, 2)), 0, hd), in("k", {n, a.Hkv, hd}, normal(0, 2)),
               in("v", {n, a.Hkv, hd}, normal()),
@@ -251,8 +250,7 @@ void add_attention(std::vector<OpCase>& cases) {
     int64_t H, pos0, pad;
     std::vector<int64_t> seqs;
   };
-  const R ropes[] = {
-      {8, 5000, 256, {3, 17, 40}}, {2, 0, 0, {100}}, {8, 70000, 256, {12}}, {16, 31, 0, {1, 2}}};
+  const R ropes[] = {{8, 5000, 256, {3, 17, 40}}, {2, 0, 0, {100}}, {8, 70000, 256, {12}}, {16, 31, 0, {1, 2}}};
   for (const R& r : ropes) {
     int64_t n = 0;
     for (int64_t l : r.seqs) n += l;
@@ -274,13 +272,13 @@ void add_elementwise(std::vector<OpCase>& cases) {
   {
     // b, a are columns of the fused in_proj output in the model: views with row padding.
     const int64_t n = 50, Hv = 32;
-    OpCase c{OpKind::GdnGates,
-             "n=50,Hv=32,views",
-             {padded(in("b", {n, Hv}, normal(0, 3)), 0, Hv), padded(in("a", {n, Hv}, normal(0, 8)), Hv, 0),
-              in("a_log", {Hv}, normal(0, 1)), in("dt_bias", {Hv}, normal(0, 1)), out("beta", {n, Hv}),
-              out("g", {n, Hv})},
-             kTolElementwise,
-             [](Backend& b, const std::vector<Tensor>& t) { return b.gdn_gates(t[0], t[1], t[2], t[3], t[4], t[5]); }};
+    OpCase c{
+        OpKind::GdnGates,
+        "n=50,Hv=32,views",
+        {padded(in("b", {n, Hv}, normal(0, 3)), 0, Hv), padded(in("a", {n, Hv}, normal(0, 8)), Hv, 0),
+         in("a_log", {Hv}, normal(0, 1)), in("dt_bias", {Hv}, normal(0, 1)), out("beta", {n, Hv}), out("g", {n, Hv})},
+        kTolElementwise,
+        [](Backend& b, const std::vector<Tensor>& t) { return b.gdn_gates(t[0], t[1], t[2], t[3], t[4], t[5]); }};
     cases.push_back(c);
   }
   auto binary = [&](OpKind kind, std::string params, std::vector<int64_t> shape, int64_t x_front, int64_t y_front,

@@ -54,8 +54,8 @@ struct OpCase {
       : kind(kind), params(std::move(params)), args(std::move(args)), max_nmse(max_nmse), run(std::move(run)) {}
 
   OpKind kind;
-  std::string params;               // "n=64,d=1024"
-  std::vector<ArgSpec> args;        // in the op's operand order, outputs last (as in OpDesc)
+  std::string params;         // "n=64,d=1024"
+  std::vector<ArgSpec> args;  // in the op's operand order, outputs last (as in OpDesc)
   double max_nmse = 1e-7;
   // Calls the backend method with the case's scalars and layout. Operands as built from `args`.
   RunFn run;

@@ -49,9 +49,13 @@ class Saboteur final : public Backend {
                    const SeqLayout& l, float s, const Tensor& f) override {
     return inner_->attention(a, b, c, d, e, l, s, f);
   }
-  Status sigmoid_mul(const Tensor& a, const Tensor& b, const Tensor& c) override { return inner_->sigmoid_mul(a, b, c); }
+  Status sigmoid_mul(const Tensor& a, const Tensor& b, const Tensor& c) override {
+    return inner_->sigmoid_mul(a, b, c);
+  }
   Status swiglu(const Tensor& a, const Tensor& b, const Tensor& c) override { return inner_->swiglu(a, b, c); }
-  Status gather_rows(const Tensor& a, const Tensor& b, const Tensor& c) override { return inner_->gather_rows(a, b, c); }
+  Status gather_rows(const Tensor& a, const Tensor& b, const Tensor& c) override {
+    return inner_->gather_rows(a, b, c);
+  }
   Status pointer_logits(const Tensor& a, const Tensor& b, const Tensor& c, float s, const Tensor& d) override {
     return inner_->pointer_logits(a, b, c, s, d);
   }
@@ -60,7 +64,8 @@ class Saboteur final : public Backend {
   Status add(const Tensor& a, const Tensor& b, const Tensor& out) override {
     const int64_t n = out.shape[0];
     switch (how_) {
-      case Sabotage::SkipLastRow: return inner_->add(a.slice(0, 0, n - 1), b.slice(0, 0, n - 1), out.slice(0, 0, n - 1));
+      case Sabotage::SkipLastRow:
+        return inner_->add(a.slice(0, 0, n - 1), b.slice(0, 0, n - 1), out.slice(0, 0, n - 1));
       case Sabotage::WrongMath: return inner_->add(a, a, out);
       case Sabotage::WritePastEnd: {
         if (Status s = inner_->add(a, b, out); !s.ok()) return s;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "backend/op_harness.h"
+#include "common/bf16.h"
 #include "common/check.h"
 
 namespace kev::optest {
@@ -21,29 +22,13 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-// Round-to-nearest-even f32 -> bf16, written here independently of the backend's conversion.
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (std::isnan(f)) return 0x7fc0;
-  u += 0x7fff + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-double from_bf16(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // One operand placed in a buffer of one backend.
 struct Placed {
   std::shared_ptr<Buffer> buffer;
-  Tensor view;                      // empty for an absent operand
-  std::vector<uint8_t> image;       // the whole buffer as uploaded
-  std::vector<size_t> elem_byte;    // byte offset of each logical element
-  bool writable = false;            // Out / InOut
+  Tensor view;                    // empty for an absent operand
+  std::vector<uint8_t> image;     // the whole buffer as uploaded
+  std::vector<size_t> elem_byte;  // byte offset of each logical element
+  bool writable = false;          // Out / InOut
 };
 
 int64_t product(const std::vector<int64_t>& shape) {
@@ -76,7 +61,7 @@ Status place(Backend& b, const ArgSpec& a, const std::vector<double>& values, Pl
         const float f = static_cast<float>(values[i]);
         std::memcpy(dst, &f, 4);
       } else if (a.dtype == DType::BF16) {
-        const uint16_t h = to_bf16(static_cast<float>(values[i]));
+        const uint16_t h = f32_to_bf16(static_cast<float>(values[i]));
         std::memcpy(dst, &h, 2);
       } else {
         const int32_t v = static_cast<int32_t>(values[i]);
@@ -112,7 +97,7 @@ double element(const ArgSpec& a, const std::vector<uint8_t>& image, size_t byte)
   if (a.dtype == DType::BF16) {
     uint16_t h;
     std::memcpy(&h, &image[byte], 2);
-    return from_bf16(h);
+    return bf16_to_f32(h);
   }
   int32_t v;
   std::memcpy(&v, &image[byte], 4);
@@ -158,8 +143,8 @@ Status run_on(Backend& b, const OpCase& c, const std::vector<std::vector<double>
     }
     if (changed) {
       problems << "  [" << side << "] " << a.name << ": " << changed << " bytes changed outside its elements"
-               << (a.role == Role::In ? " (an input was written)" : " (guard/gap overwritten)")
-               << ", first at byte " << first << " of " << after.size() << " (guard " << kGuardBytes << ")\n";
+               << (a.role == Role::In ? " (an input was written)" : " (guard/gap overwritten)") << ", first at byte "
+               << first << " of " << after.size() << " (guard " << kGuardBytes << ")\n";
     }
     if (!p.writable) continue;
     std::vector<double>& vals = res.outputs[i];

@@ -1,13 +1,13 @@
 // Runs every op case of the tables (op_cases_support.cpp) on the CPU backend in FAST mode against
 // the CPU backend in REFERENCE mode. One gtest per case, named <op>_<index>; failures print
 // OP(params). Rerun one op with --gtest_filter='Cpu/OpFastVsReference.Matches/gated_delta_rule*'.
+#include "backend/op_harness.h"
+
 #include <gtest/gtest.h>
 
 #include <cctype>
 #include <iostream>
 #include <set>
-
-#include "backend/op_harness.h"
 
 namespace kev::optest {
 namespace {

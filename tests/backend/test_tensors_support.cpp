@@ -1,6 +1,6 @@
-#include "backend/test_tensors.h"
-
 #include <gtest/gtest.h>
+
+#include "backend/test_tensors.h"
 
 namespace kev::testing {
 

@@ -1,11 +1,11 @@
 // The CPU backend's thread pool: every index exactly once, nesting runs inline, errors propagate.
+#include "backend/cpu/thread_pool.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <stdexcept>
 #include <vector>
-
-#include "backend/cpu/thread_pool.h"
 
 namespace kev::cpu {
 namespace {

@@ -223,7 +223,7 @@ TEST(Pickle, GlobalsNeedAnAllowList) {
                             unicode("k") + kTrue + kSetItem + stop(), hooks);
   ASSERT_NE(od.if_dict(), nullptr);
   EXPECT_EQ(*od.if_dict()->find("k")->if_bool(), true);
-  EXPECT_CONTAINS(fails(proto(2) + unicode("f") + kEmptyTuple + kReduce + stop(), hooks), "calls a str, not a global");
+  EXPECT_CONTAINS(fails(proto(2) + unicode("f") + kEmptyTuple + kReduce + stop(), hooks), "calls a value of type str, not a global");
 
   EXPECT_CONTAINS(fails(proto(2) + global("os", "sys\x01tem") + stop(), hooks), "malformed global name");
   EXPECT_CONTAINS(fails(proto(2) + "cos\n" + std::string(300, 'x') + "\n" + stop(), hooks), "longer than 256 bytes");
@@ -231,7 +231,7 @@ TEST(Pickle, GlobalsNeedAnAllowList) {
 }
 
 TEST(Pickle, BuildAndPersistentIdNeedHooks) {
-  EXPECT_CONTAINS(fails(proto(2) + kEmptyDict + kEmptyDict + kBuild + stop()), "sets the state of a dict");
+  EXPECT_CONTAINS(fails(proto(2) + kEmptyDict + kEmptyDict + kBuild + stop()), "sets the state of a value of type dict");
   EXPECT_CONTAINS(fails(proto(2) + unicode("id") + kBinPersId + stop()), "persistent id; none are allowed");
 
   PickleHooks hooks;
@@ -273,9 +273,9 @@ TEST(Pickle, StackDisciplineIsChecked) {
                   "needs 3 values");
   EXPECT_CONTAINS(fails(proto(2) + kEmptyDict + mark() + unicode("k") + kSetItems + stop()),
                   "has 1 values, not key/value pairs");
-  EXPECT_CONTAINS(fails(proto(2) + binint1(1) + binint1(2) + kAppend + stop()), "appends to a int, not a list");
+  EXPECT_CONTAINS(fails(proto(2) + binint1(1) + binint1(2) + kAppend + stop()), "appends to a value of type int, not a list");
   EXPECT_CONTAINS(fails(proto(2) + kEmptyList + unicode("k") + binint1(1) + kSetItem + stop()),
-                  "sets an item on a list, not a dict");
+                  "sets an item on a value of type list, not a dict");
   EXPECT_CONTAINS(fails(proto(6) + kNone + stop()), "pickle protocol 6 is newer than 5");
 }
 

@@ -87,8 +87,8 @@ TEST(TorchCheckpoint, ReadsEveryValueKind) {
   EXPECT_EQ(i64.dtype, TorchDtype::Int64);
   ASSERT_TRUE(i64.to_int64().ok());
   EXPECT_EQ(i64.to_int64().value(), (std::vector<int64_t>{1, -2, int64_t{1} << 40}));
-  EXPECT_CONTAINS(i64.to_host_f32().status().message(), "int64 tensor does not convert exactly to float32");
-  EXPECT_CONTAINS(m.to_int64().status().message(), "float32 tensor is not an integer tensor");
+  EXPECT_CONTAINS(i64.to_host_f32().status().message(), "int64 tensors do not convert exactly to float32");
+  EXPECT_CONTAINS(m.to_int64().status().message(), "float32 tensors are not integer tensors");
   EXPECT_EQ(f32(tensor_at(*d, "meta")), (std::vector<float>{7.0f}));
   EXPECT_EQ(f32(tensor_at(*d, "param")), (std::vector<float>{2.0f, 4.0f}));
   const PickleDict* state = d->find("state")->if_dict();

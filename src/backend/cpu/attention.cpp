@@ -136,8 +136,8 @@ void fast_task(const AttnArgs& a, const Task& task, std::vector<float>& scores) 
                 static_cast<int>(pv.ld), 0.0f, o, ldo);
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, irows, ihd, static_cast<int>(own), 1.0f, sc + a.Ls, ild,
-              v.p, static_cast<int>(v.ld), beta, o, ldo);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, irows, ihd, static_cast<int>(own), 1.0f, sc + a.Ls, ild, v.p,
+              static_cast<int>(v.ld), beta, o, ldo);
 }
 
 Status check_rows(const OpCheck& c, const char* name, const Tensor& t) {
@@ -201,8 +201,8 @@ Status attention(const Exec& e, const Tensor& q, const Tensor& k, const Tensor& 
                    k.shape[1],
                    q.shape[2],
                    use_prefix ? prefix_k.shape[0] : 0};
-  KEV_CHECK(fits_blas_int(a.Ls + q.shape[0]), ErrorCode::Unsupported, kOp, ": ", a.Ls, " prefix keys + ",
-            q.shape[0], " tokens exceed the BLAS integer range");
+  KEV_CHECK(fits_blas_int(a.Ls + q.shape[0]), ErrorCode::Unsupported, kOp, ": ", a.Ls, " prefix keys + ", q.shape[0],
+            " tokens exceed the BLAS integer range");
   if (e.reference) {
     reference_attention(a, layout);
     return Status::success();

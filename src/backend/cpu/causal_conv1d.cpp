@@ -54,8 +54,7 @@ Status check_causal_conv1d_silu(const OpCheck& c, const Tensor& x, const Tensor&
 
 namespace {
 
-void reference_conv(const Tensor& x, const Tensor& w, const float* prefix, const SeqLayout& layout,
-                    const Tensor& out) {
+void reference_conv(const Tensor& x, const Tensor& w, const float* prefix, const SeqLayout& layout, const Tensor& out) {
   const int64_t C = x.shape[1], K = w.shape[1];
   const float* wp = f32(w);
   for (int64_t r = 0; r < layout.n_seqs(); ++r) {
@@ -143,8 +142,7 @@ Status causal_conv1d_silu(const Exec& e, const Tensor& x, const Tensor& w, const
   KEV_CHECK(!layout.from_prefix || !state_in.empty(), ErrorCode::InvalidRequest, kOp,
             ": layout.from_prefix is set but state_in is empty");
   KEV_CHECK(state_out.empty() || layout.n_seqs() == 1, ErrorCode::InvalidRequest, kOp,
-            ": state_out is only defined for a single-sequence pass; this pass has ", layout.n_seqs(),
-            " sequences");
+            ": state_out is only defined for a single-sequence pass; this pass has ", layout.n_seqs(), " sequences");
   const float* prefix = layout.from_prefix ? f32(state_in) : nullptr;
   if (e.reference) {
     reference_conv(x, w, prefix, layout, out);

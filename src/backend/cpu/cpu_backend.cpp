@@ -49,15 +49,14 @@ Status check_transfer(const char* what, const Tensor& t, size_t bytes, bool chec
   KEV_TRY(cpu::check_tensor_any_rank(c, "tensor", t, {DType::F32, DType::BF16, DType::F16, DType::I32}));
   KEV_TRY(cpu::check_contiguous(c, "tensor", t));
   const size_t want = static_cast<size_t>(t.numel()) * dtype_size(t.dtype);
-  KEV_CHECK(!check_bytes || bytes == want, ErrorCode::InvalidRequest, what, ": tensor ", t.describe(), " holds ",
-            want, " bytes but ", bytes, " were given");
+  KEV_CHECK(!check_bytes || bytes == want, ErrorCode::InvalidRequest, what, ": tensor ", t.describe(), " holds ", want,
+            " bytes but ", bytes, " were given");
   return Status::success();
 }
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, bool reference)
-      : threads_(threads), reference_(reference), pool_(reference ? 1 : threads) {
+  CpuBackend(int threads, bool reference) : threads_(threads), reference_(reference), pool_(reference ? 1 : threads) {
     if (!reference_) openblas_set_num_threads(threads_);
   }
 
@@ -124,9 +123,8 @@ class CpuBackend final : public Backend {
   Status gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                           const Tensor& state_in, const SeqLayout& layout, const Tensor& out,
                           const Tensor& state_out) override {
-    return guarded("gated_delta_rule", [&] {
-      return cpu::gated_delta_rule(exec(), q, k, v, g, beta, state_in, layout, out, state_out);
-    });
+    return guarded("gated_delta_rule",
+                   [&] { return cpu::gated_delta_rule(exec(), q, k, v, g, beta, state_in, layout, out, state_out); });
   }
   Status rms_norm_gated(const Tensor& o, const Tensor& z, const Tensor& w, float eps, const Tensor& out) override {
     return guarded("rms_norm_gated", [&] { return cpu::rms_norm_gated(exec(), o, z, w, eps, out); });
@@ -183,8 +181,7 @@ bool CpuBackend::supports(const OpDesc& desc) const {
       return arity(8) && cpu::check_gated_delta_rule(c, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]).ok();
     case OpKind::RmsNormGated: return arity(4) && cpu::check_rms_norm_gated(c, t[0], t[1], t[2], t[3]).ok();
     case OpKind::Rope: return arity(1) && cpu::check_rope(c, t[0]).ok();
-    case OpKind::Attention:
-      return arity(6) && cpu::check_attention(c, t[0], t[1], t[2], t[3], t[4], t[5]).ok();
+    case OpKind::Attention: return arity(6) && cpu::check_attention(c, t[0], t[1], t[2], t[3], t[4], t[5]).ok();
     case OpKind::SigmoidMul:
     case OpKind::Swiglu:
     case OpKind::Add: return arity(3) && cpu::check_binary(c, t[0], t[1], t[2]).ok();

@@ -16,6 +16,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/vec.h"
+#include "common/bf16.h"
 
 namespace kev::cpu {
 
@@ -45,7 +46,8 @@ Status binary(const Exec& e, const char* op, const Tensor& x, const Tensor& y, c
     const float* yr = f32(y) + row_offset(y, r);
     float* o = f32(out) + row_offset(out, r);
     if (e.reference) {
-      for (int64_t j = 0; j < d; ++j) o[j] = static_cast<float>(f(static_cast<double>(xr[j]), static_cast<double>(yr[j])));
+      for (int64_t j = 0; j < d; ++j)
+        o[j] = static_cast<float>(f(static_cast<double>(xr[j]), static_cast<double>(yr[j])));
     } else {
       for (int64_t j = 0; j < d; ++j) o[j] = f(xr[j], yr[j]);
     }
@@ -77,8 +79,8 @@ Status add(const Exec& e, const Tensor& a, const Tensor& b, const Tensor& out) {
   return binary(e, "add", a, b, out, 1, [](auto x, auto y) { return x + y; });
 }
 
-Status check_gdn_gates(const OpCheck& c, const Tensor& b, const Tensor& a, const Tensor& a_log,
-                       const Tensor& dt_bias, const Tensor& beta, const Tensor& g) {
+Status check_gdn_gates(const OpCheck& c, const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias,
+                       const Tensor& beta, const Tensor& g) {
   KEV_TRY(check_tensor(c, "b", b, {DType::F32}, 2));
   const int64_t n = b.shape[0], Hv = b.shape[1];
   KEV_TRY(check_tensor(c, "a", a, {DType::F32}, 2));

@@ -4,7 +4,8 @@
 // state_in[h] (layout.from_prefix) or 0, and α_t = e^{g_t}:
 //   S̄ = α_t S;  S = S̄ + β_t k_t (v_t − S̄ᵀk_t)ᵀ;  o_t = Sᵀq_t.
 // FAST evaluates the equivalent chunked (WY) form, chunks of C = 64 tokens, all FP32:
-//   Γ_i = Σ_{t<=i} g_t, γ_i = e^{Γ_i}, D_ij = e^{Γ_i−Γ_j} (j <= i, never overflows: exponent <= 0);
+//   Γ_i = Σ_{t<=i} g_t (in double, so Γ_i − Γ_j stays exact after a strongly decaying token),
+//   γ_i = e^{Γ_i}, D_ij = e^{Γ_i−Γ_j} (j <= i, never overflows: exponent <= 0);
 //   (I − A)[U | W] = [diag(β)V | diag(β⊙γ)K] with A_ij = −β_i (k_i·k_j) D_ij (j < i) solved by
 //   forward substitution (one cblas_strsm, unit lower triangular: N = (I−A)⁻¹ is never formed);
 //   Δ = U − W S₀;  o_i = γ_i S₀ᵀq_i + Σ_{j<=i} D_ij (q_i·k_j) Δ_j;  S₀ ← γ_C S₀ + Σ_j D_Cj k_j Δ_jᵀ.
@@ -93,32 +94,39 @@ void reference_head(const GdnArgs& a, int64_t begin, int64_t end, int64_t h) {
 // Scratch for one (sequence, head) task.
 struct ChunkScratch {
   std::vector<float> S, QK, G, D, M, RHS, O;
-  std::vector<float> Gamma, gamma;
+  std::vector<double> Gamma;  // double: differences of large cumulative decays stay exact
+  std::vector<float> gamma;
   ChunkScratch(int64_t dk, int64_t dv)
-      : S(dk * dv), QK(2 * kChunk * dk), G(2 * kChunk * kChunk), D(kChunk * kChunk), M(kChunk * kChunk),
-        RHS(kChunk * (dv + dk)), O(kChunk * dv), Gamma(kChunk), gamma(kChunk) {}
+      : S(dk * dv),
+        QK(2 * kChunk * dk),
+        G(2 * kChunk * kChunk),
+        D(kChunk * kChunk),
+        M(kChunk * kChunk),
+        RHS(kChunk * (dv + dk)),
+        O(kChunk * dv),
+        Gamma(kChunk),
+        gamma(kChunk) {}
 };
 
 void fast_chunk(const GdnArgs& a, ChunkScratch& s, int64_t t0, int64_t cn, int64_t h) {
   const int64_t dk = a.dk, dv = a.dv, kh = h / (a.Hv / a.Hk), ldr = dv + dk;
   const int icn = static_cast<int>(cn), idk = static_cast<int>(dk), idv = static_cast<int>(dv);
   const int ildr = static_cast<int>(ldr), ic = static_cast<int>(kChunk);
-  float* Q = s.QK.data();         // [cn, dk]
+  float* Q = s.QK.data();            // [cn, dk]
   float* K = s.QK.data() + cn * dk;  // [cn, dk], directly below Q so [Q;K] is one matrix
   double cum = 0;
   for (int64_t i = 0; i < cn; ++i) {
     std::memcpy(Q + i * dk, a.q_row(t0 + i, kh), dk * sizeof(float));
     std::memcpy(K + i * dk, a.k_row(t0 + i, kh), dk * sizeof(float));
     cum += a.g_at(t0 + i, h);
-    s.Gamma[i] = static_cast<float>(cum);
-    s.gamma[i] = std::exp(s.Gamma[i]);
+    s.Gamma[i] = cum;
+    s.gamma[i] = static_cast<float>(std::exp(cum));
   }
   for (int64_t i = 0; i < cn; ++i) {
-    for (int64_t j = 0; j <= i; ++j) s.D[i * kChunk + j] = std::exp(s.Gamma[i] - s.Gamma[j]);
+    for (int64_t j = 0; j <= i; ++j) s.D[i * kChunk + j] = std::exp(static_cast<float>(s.Gamma[i] - s.Gamma[j]));
   }
   // G = [Q;K]·Kᵀ: rows [0,cn) are QKᵀ, rows [cn,2cn) are KKᵀ.
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 2 * icn, icn, idk, 1.0f, Q, idk, K, idk, 0.0f, s.G.data(),
-              ic);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 2 * icn, icn, idk, 1.0f, Q, idk, K, idk, 0.0f, s.G.data(), ic);
   const float* QKt = s.G.data();
   const float* KKt = s.G.data() + cn * kChunk;
   // M = I − A (strict lower part; the unit diagonal is implied by CblasUnit).
@@ -136,10 +144,9 @@ void fast_chunk(const GdnArgs& a, ChunkScratch& s, int64_t t0, int64_t cn, int64
   }
   cblas_strsm(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasUnit, icn, ildr, 1.0f, s.M.data(), ic,
               s.RHS.data(), ildr);
-  float* U = s.RHS.data();        // becomes Δ = U − W·S₀ (columns [0,dv))
+  float* U = s.RHS.data();             // becomes Δ = U − W·S₀ (columns [0,dv))
   const float* W = s.RHS.data() + dv;  // columns [dv, dv+dk); disjoint from U's elements
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, idk, -1.0f, W, ildr, s.S.data(), idv, 1.0f, U,
-              ildr);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, idk, -1.0f, W, ildr, s.S.data(), idv, 1.0f, U, ildr);
   // O = diag(γ)Q·S₀ + tril(D ⊙ QKᵀ)·Δ. QKᵀ is read before Q is scaled in place.
   for (int64_t i = 0; i < cn; ++i) {
     float* p = s.G.data() + i * kChunk;
@@ -147,18 +154,17 @@ void fast_chunk(const GdnArgs& a, ChunkScratch& s, int64_t t0, int64_t cn, int64
     for (int64_t j = i + 1; j < cn; ++j) p[j] = 0.0f;
     for (int64_t j = 0; j < dk; ++j) Q[i * dk + j] *= s.gamma[i];
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, idk, 1.0f, Q, idk, s.S.data(), idv, 0.0f,
-              s.O.data(), idv);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, icn, 1.0f, s.G.data(), ic, U, ildr, 1.0f,
-              s.O.data(), idv);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, idk, 1.0f, Q, idk, s.S.data(), idv, 0.0f, s.O.data(),
+              idv);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, icn, 1.0f, s.G.data(), ic, U, ildr, 1.0f, s.O.data(),
+              idv);
   // S₀ ← γ_C S₀ + (diag(D_C·) K)ᵀ Δ.
   const float gamma_c = s.gamma[cn - 1];
   for (int64_t j = 0; j < cn; ++j) {
     const float f = s.D[(cn - 1) * kChunk + j];
     for (int64_t i = 0; i < dk; ++i) K[j * dk + i] *= f;
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, idk, idv, icn, 1.0f, K, idk, U, ildr, gamma_c, s.S.data(),
-              idv);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, idk, idv, icn, 1.0f, K, idk, U, ildr, gamma_c, s.S.data(), idv);
   for (int64_t i = 0; i < cn; ++i) std::memcpy(a.out_row(t0 + i, h), s.O.data() + i * dv, dv * sizeof(float));
 }
 
@@ -177,8 +183,7 @@ void fast_head(const GdnArgs& a, int64_t begin, int64_t end, int64_t h) {
 }  // namespace
 
 Status check_gated_delta_rule(const OpCheck& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                              const Tensor& beta, const Tensor& state_in, const Tensor& out,
-                              const Tensor& state_out) {
+                              const Tensor& beta, const Tensor& state_in, const Tensor& out, const Tensor& state_out) {
   KEV_TRY(check_tensor(c, "q", q, {DType::F32}, 3));
   const int64_t n = q.shape[0], Hk = q.shape[1], dk = q.shape[2];
   KEV_TRY(check_tensor(c, "k", k, {DType::F32}, 3));
@@ -227,20 +232,13 @@ Status gated_delta_rule(const Exec& e, const Tensor& q, const Tensor& k, const T
   KEV_CHECK(!layout.from_prefix || !state_in.empty(), ErrorCode::InvalidRequest, kOp,
             ": layout.from_prefix is set but state_in is empty");
   KEV_CHECK(state_out.empty() || layout.n_seqs() == 1, ErrorCode::InvalidRequest, kOp,
-            ": state_out is only defined for a single-sequence pass; this pass has ", layout.n_seqs(),
-            " sequences");
-  const GdnArgs a{q,
-                  k,
-                  v,
-                  g,
-                  beta,
-                  layout.from_prefix ? f32(state_in) : nullptr,
-                  out,
-                  state_out.empty() ? nullptr : f32(state_out),
-                  q.shape[1],
-                  v.shape[1],
-                  q.shape[2],
-                  v.shape[2]};
+            ": state_out is only defined for a single-sequence pass; this pass has ", layout.n_seqs(), " sequences");
+  const GdnArgs a{q,          k,
+                  v,          g,
+                  beta,       layout.from_prefix ? f32(state_in) : nullptr,
+                  out,        state_out.empty() ? nullptr : f32(state_out),
+                  q.shape[1], v.shape[1],
+                  q.shape[2], v.shape[2]};
   const int64_t n_tasks = layout.n_seqs() * a.Hv;
   auto task = [&](int64_t i, bool reference) {
     const int64_t r = i / a.Hv, h = i % a.Hv;

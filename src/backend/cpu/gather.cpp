@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "backend/cpu/ops.h"
+#include "common/bf16.h"
 
 namespace kev::cpu {
 

@@ -75,9 +75,8 @@ Status matmul(const Exec& e, const Tensor& x, const Tensor& w, const Tensor& bia
     }
   }
   if (k == 0) return Status::success();
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
-              static_cast<int>(k), 1.0f, xp, static_cast<int>(ldx), wp, static_cast<int>(k), bp ? 1.0f : 0.0f,
-              op, static_cast<int>(ldo));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+              1.0f, xp, static_cast<int>(ldx), wp, static_cast<int>(k), bp ? 1.0f : 0.0f, op, static_cast<int>(ldo));
   return Status::success();
 }
 

@@ -103,8 +103,7 @@ Status check_rms_norm_gated(const OpCheck& c, const Tensor& o, const Tensor& z, 
   return check_no_overlap(c, "out", out, "w", w);
 }
 
-Status rms_norm_gated(const Exec& e, const Tensor& o, const Tensor& z, const Tensor& w, float eps,
-                      const Tensor& out) {
+Status rms_norm_gated(const Exec& e, const Tensor& o, const Tensor& z, const Tensor& w, float eps, const Tensor& out) {
   KEV_TRY(check_rms_norm_gated({"rms_norm_gated", true}, o, z, w, out));
   const int64_t d = o.dim(-1);
   const float* wp = f32(w);

@@ -32,21 +32,21 @@ Status check_common(const OpCheck& c, const char* name, const Tensor& t, std::in
   KEV_CHECK(dtype_ok, ErrorCode::Unsupported, c.op, ": ", name, " is ", t.describe(), "; the CPU kernel takes ",
             dtype_list(dtypes));
   for (int i = 0; i < t.rank; ++i) {
-    KEV_CHECK(t.shape[i] >= 0 && t.stride[i] >= 0, ErrorCode::InvalidRequest, c.op, ": ", name, " ",
-              t.describe(), " has a negative extent or stride in dim ", i);
+    KEV_CHECK(t.shape[i] >= 0 && t.stride[i] >= 0, ErrorCode::InvalidRequest, c.op, ": ", name, " ", t.describe(),
+              " has a negative extent or stride in dim ", i);
   }
-  KEV_CHECK(t.rank == 0 || t.stride[t.rank - 1] == 1 || t.shape[t.rank - 1] <= 1, ErrorCode::InvalidRequest, c.op,
-            ": ", name, " ", t.describe(), " has innermost stride ", t.stride[t.rank - 1], "; it must be 1");
+  KEV_CHECK(t.rank == 0 || t.stride[t.rank - 1] == 1 || t.shape[t.rank - 1] <= 1, ErrorCode::InvalidRequest, c.op, ": ",
+            name, " ", t.describe(), " has innermost stride ", t.stride[t.rank - 1], "; it must be 1");
   if (!c.bound) return Status::success();
   KEV_CHECK(t.buffer != nullptr, ErrorCode::InvalidRequest, c.op, ": ", name, " has no buffer");
   KEV_CHECK(dynamic_cast<const HostBuffer*>(t.buffer) != nullptr, ErrorCode::InvalidRequest, c.op, ": ", name,
             " lives in a buffer the CPU backend did not allocate");
-  KEV_CHECK(t.offset % dtype_size(t.dtype) == 0, ErrorCode::InvalidRequest, c.op, ": ", name, " offset ",
-            t.offset, " is not a multiple of its element size ", dtype_size(t.dtype));
+  KEV_CHECK(t.offset % dtype_size(t.dtype) == 0, ErrorCode::InvalidRequest, c.op, ": ", name, " offset ", t.offset,
+            " is not a multiple of its element size ", dtype_size(t.dtype));
   const size_t size = t.buffer->size();
   const size_t span = t.span_bytes();
-  KEV_CHECK(t.offset <= size && span <= size - t.offset, ErrorCode::InvalidRequest, c.op, ": ", name, " ",
-            t.describe(), " at offset ", t.offset, " spans ", span, " bytes; its buffer has ", size);
+  KEV_CHECK(t.offset <= size && span <= size - t.offset, ErrorCode::InvalidRequest, c.op, ": ", name, " ", t.describe(),
+            " at offset ", t.offset, " spans ", span, " bytes; its buffer has ", size);
   return Status::success();
 }
 
@@ -74,8 +74,7 @@ Status check_tensor(const OpCheck& c, const char* name, const Tensor& t, std::in
   return Status::success();
 }
 
-Status check_tensor_any_rank(const OpCheck& c, const char* name, const Tensor& t,
-                             std::initializer_list<DType> dtypes) {
+Status check_tensor_any_rank(const OpCheck& c, const char* name, const Tensor& t, std::initializer_list<DType> dtypes) {
   KEV_TRY(check_common(c, name, t, dtypes));
   KEV_CHECK(t.rank >= 1 && t.rank <= kMaxDims, ErrorCode::InvalidRequest, c.op, ": ", name, " is ", t.describe(),
             "; expected rank 1..", kMaxDims);
@@ -87,13 +86,12 @@ Status check_shape(const OpCheck& c, const char* name, const Tensor& t, std::ini
   bool same = t.rank == static_cast<int>(shape.size());
   int i = 0;
   for (int64_t d : shape) same = same && t.shape[i++] == d;
-  KEV_CHECK(same, ErrorCode::InvalidRequest, c.op, ": ", name, " is ", t.describe(), ", expected ",
-            dims_of(shape), " (", dims, ")");
+  KEV_CHECK(same, ErrorCode::InvalidRequest, c.op, ": ", name, " is ", t.describe(), ", expected ", dims_of(shape),
+            " (", dims, ")");
   return Status::success();
 }
 
-Status check_same_shape(const OpCheck& c, const char* name, const Tensor& t, const char* ref_name,
-                        const Tensor& ref) {
+Status check_same_shape(const OpCheck& c, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
   bool same = t.rank == ref.rank;
   for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == ref.shape[i];
   KEV_CHECK(same, ErrorCode::InvalidRequest, c.op, ": ", name, " is ", t.describe(), " but ", ref_name, " is ",
@@ -102,8 +100,7 @@ Status check_same_shape(const OpCheck& c, const char* name, const Tensor& t, con
 }
 
 Status check_contiguous(const OpCheck& c, const char* name, const Tensor& t) {
-  KEV_CHECK(t.is_contiguous(), ErrorCode::InvalidRequest, c.op, ": ", name, " ", t.describe(),
-            " must be contiguous");
+  KEV_CHECK(t.is_contiguous(), ErrorCode::InvalidRequest, c.op, ": ", name, " ", t.describe(), " must be contiguous");
   return Status::success();
 }
 
@@ -112,16 +109,15 @@ Status check_no_overlap(const OpCheck& c, const char* out_name, const Tensor& ou
   if (!c.bound || out.empty() || in.empty() || out.buffer != in.buffer) return Status::success();
   const size_t a0 = out.offset, a1 = out.offset + out.span_bytes();
   const size_t b0 = in.offset, b1 = in.offset + in.span_bytes();
-  KEV_CHECK(a1 <= b0 || b1 <= a0, ErrorCode::InvalidRequest, c.op, ": output ", out_name, " (bytes [", a0, ",",
-            a1, ")) overlaps input ", in_name, " (bytes [", b0, ",", b1, ")); this op does not run in place");
+  KEV_CHECK(a1 <= b0 || b1 <= a0, ErrorCode::InvalidRequest, c.op, ": output ", out_name, " (bytes [", a0, ",", a1,
+            ")) overlaps input ", in_name, " (bytes [", b0, ",", b1, ")); this op does not run in place");
   return Status::success();
 }
 
 Status check_same_or_disjoint(const OpCheck& c, const char* out_name, const Tensor& out, const char* in_name,
                               const Tensor& in) {
   const bool identical = out.buffer == in.buffer && out.offset == in.offset && out.dtype == in.dtype &&
-                         out.rank == in.rank &&
-                         out.shape == in.shape && out.stride == in.stride;
+                         out.rank == in.rank && out.shape == in.shape && out.stride == in.stride;
   if (identical) return Status::success();
   return check_no_overlap(c, out_name, out, in_name, in);
 }
@@ -136,8 +132,7 @@ Status check_layout(const char* op, const SeqLayout& layout, int64_t n_tokens) {
   }
   KEV_CHECK(layout.offsets.back() == n_tokens, ErrorCode::InvalidRequest, op, ": SeqLayout covers ",
             layout.offsets.back(), " tokens but the operands have ", n_tokens);
-  KEV_CHECK(layout.pos0 >= 0, ErrorCode::InvalidRequest, op, ": SeqLayout pos0 is ", layout.pos0,
-            "; it must be >= 0");
+  KEV_CHECK(layout.pos0 >= 0, ErrorCode::InvalidRequest, op, ": SeqLayout pos0 is ", layout.pos0, "; it must be >= 0");
   return Status::success();
 }
 
@@ -155,23 +150,6 @@ int64_t row_offset(const Tensor& t, int64_t r) {
     off += idx * t.stride[i];
   }
   return off;
-}
-
-float bf16_to_f32(uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-uint16_t f32_to_bf16(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN, sign kept
-  }
-  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
 }  // namespace kev::cpu

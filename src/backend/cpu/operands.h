@@ -4,8 +4,8 @@
 // One check function per op (declared in ops.h) is written against an OpCheck. In `Shapes` mode
 // (supports()) tensors may not have buffers yet, so only dtypes, ranks, shapes and strides are
 // checked; in `Bound` mode (the op is about to run) every present operand must also have a
-// HostBuffer (not another backend's memory) that holds its whole span. Messages name the op, the operand and the mismatch, e.g.
-// "gated_delta_rule: k is f32[12,16,64], expected [12,16,128] ([n,Hk,dk])".
+// HostBuffer (not another backend's memory) that holds its whole span. Messages name the op, the operand and the
+// mismatch, e.g. "gated_delta_rule: k is f32[12,16,64], expected [12,16,128] ([n,Hk,dk])".
 #pragma once
 
 #include <cstdint>
@@ -45,16 +45,13 @@ bool present(const OpCheck& c, const Tensor& t);
 
 // Present, one of `dtypes`, rank `rank`, non-negative shape and strides, innermost stride 1, aligned
 // and (when bound) inside its buffer.
-Status check_tensor(const OpCheck& c, const char* name, const Tensor& t, std::initializer_list<DType> dtypes,
-                    int rank);
+Status check_tensor(const OpCheck& c, const char* name, const Tensor& t, std::initializer_list<DType> dtypes, int rank);
 // Like check_tensor with any rank in [1, kMaxDims].
-Status check_tensor_any_rank(const OpCheck& c, const char* name, const Tensor& t,
-                             std::initializer_list<DType> dtypes);
+Status check_tensor_any_rank(const OpCheck& c, const char* name, const Tensor& t, std::initializer_list<DType> dtypes);
 // Exact shape; `dims` names the dimensions for the message, e.g. "[n,Hk,dk]".
 Status check_shape(const OpCheck& c, const char* name, const Tensor& t, std::initializer_list<int64_t> shape,
                    const char* dims);
-Status check_same_shape(const OpCheck& c, const char* name, const Tensor& t, const char* ref_name,
-                        const Tensor& ref);
+Status check_same_shape(const OpCheck& c, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref);
 Status check_contiguous(const OpCheck& c, const char* name, const Tensor& t);
 // Outputs that the kernel cannot compute in place must not share bytes with an input (bound only).
 Status check_no_overlap(const OpCheck& c, const char* out_name, const Tensor& out, const char* in_name,
@@ -77,9 +74,5 @@ inline const int32_t* i32(const Tensor& t) { return data_ptr<const int32_t>(t); 
 int64_t n_rows(const Tensor& t);
 // Element offset of row `r`.
 int64_t row_offset(const Tensor& t, int64_t r);
-
-// bf16 <-> f32 (round to nearest even; NaN stays NaN).
-float bf16_to_f32(uint16_t v);
-uint16_t f32_to_bf16(float v);
 
 }  // namespace kev::cpu

@@ -38,8 +38,7 @@ Status rms_norm(const Exec& e, const Tensor& x, const Tensor& w, float eps, cons
 Status check_l2_norm(const OpCheck& c, const Tensor& x, const Tensor& out);
 Status l2_norm(const Exec& e, const Tensor& x, float eps, float scale, const Tensor& out);
 Status check_rms_norm_gated(const OpCheck& c, const Tensor& o, const Tensor& z, const Tensor& w, const Tensor& out);
-Status rms_norm_gated(const Exec& e, const Tensor& o, const Tensor& z, const Tensor& w, float eps,
-                      const Tensor& out);
+Status rms_norm_gated(const Exec& e, const Tensor& o, const Tensor& z, const Tensor& w, float eps, const Tensor& out);
 
 // matmul.cpp
 Status check_matmul(const OpCheck& c, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
@@ -53,8 +52,7 @@ Status causal_conv1d_silu(const Exec& e, const Tensor& x, const Tensor& w, const
 
 // gated_delta_net.cpp
 Status check_gated_delta_rule(const OpCheck& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                              const Tensor& beta, const Tensor& state_in, const Tensor& out,
-                              const Tensor& state_out);
+                              const Tensor& beta, const Tensor& state_in, const Tensor& out, const Tensor& state_out);
 Status gated_delta_rule(const Exec& e, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                         const Tensor& beta, const Tensor& state_in, const SeqLayout& layout, const Tensor& out,
                         const Tensor& state_out);
@@ -70,8 +68,8 @@ Status check_rope(const OpCheck& c, const Tensor& x);
 Status rope(const Exec& e, const Tensor& x, const SeqLayout& layout, int64_t n_rot, double theta);
 
 // elementwise.cpp
-Status check_gdn_gates(const OpCheck& c, const Tensor& b, const Tensor& a, const Tensor& a_log,
-                       const Tensor& dt_bias, const Tensor& beta, const Tensor& g);
+Status check_gdn_gates(const OpCheck& c, const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias,
+                       const Tensor& beta, const Tensor& g);
 Status gdn_gates(const Exec& e, const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias,
                  const Tensor& beta, const Tensor& g);
 Status check_binary(const OpCheck& c, const Tensor& x, const Tensor& y, const Tensor& out);  // same-shape F32

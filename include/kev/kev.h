@@ -113,6 +113,11 @@ struct Options {
   double temperature = 0;          // > 0 overrides the model's T (1.0 gives raw logits)
   int threads = 0;                 // CPU worker threads; 0 = hardware concurrency
   bool profile_ops = false;        // time every op (waits for the device after each; slows passes)
+  // Loading an upstream checkpoint directory (head.pt + adapter or full weights) instead of an exported
+  // model: the HF base it was trained on (not needed for full weights), and the LoRA user scale s.
+  // Such a load uses `limits` when override_limits, else the Limits defaults.
+  std::string base_dir;
+  double lora_scale = 1.0;
 };
 
 // ---- Engine ---------------------------------------------------------------------------------------

@@ -4,10 +4,12 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <optional>
 
 #include "backend/backend.h"
 #include "common/check.h"
 #include "kev/kev.h"
+#include "model/checkpoint_import.h"
 #include "model/forward.h"
 #include "model/model_file.h"
 #include "text/answers.h"
@@ -22,8 +24,8 @@ constexpr int64_t kMaxOptionsCap = 255;
 
 Status validate_limits(const Limits& l) {
   KEV_CHECK(l.max_prefix >= 1, ErrorCode::InvalidRequest, "max_prefix is ", l.max_prefix, "; it must be at least 1");
-  KEV_CHECK(l.max_context > l.max_prefix, ErrorCode::InvalidRequest, "max_context (", l.max_context,
-            ") must exceed max_prefix (", l.max_prefix, ") to leave room for a question row");
+  KEV_CHECK(l.max_context >= l.max_prefix, ErrorCode::InvalidRequest, "max_context (", l.max_context,
+            ") must be at least max_prefix (", l.max_prefix, ")");
   KEV_CHECK(l.max_options >= 1 && l.max_options <= kMaxOptionsCap, ErrorCode::InvalidRequest, "max_options is ",
             l.max_options, "; it must be in 1..", kMaxOptionsCap);
   KEV_CHECK(l.max_questions >= 0, ErrorCode::InvalidRequest, "max_questions is ", l.max_questions,
@@ -97,11 +99,22 @@ Engine::~Engine() = default;
 const ModelInfo& Engine::info() const { return impl_->info; }
 
 Result<Engine> Engine::load(const std::string& path, const Options& options) {
-  KEV_ASSIGN_OR_RETURN(ModelFile model, read_model_file(path));
+  // An upstream checkpoint (head.pt) is merged in memory as kev_export would; else an exported model.
+  std::optional<OpenedCheckpoint> checkpoint;
+  ModelFile model;
+  if (is_checkpoint_dir(path)) {
+    KEV_ASSIGN_OR_RETURN(checkpoint, open_checkpoint(path, options.base_dir, options.lora_scale));
+    model.dir = path;
+    model.config = checkpoint->config;
+    model.kev = checkpoint->meta;
+  } else {
+    KEV_ASSIGN_OR_RETURN(model, read_model_file(path));
+  }
+  const std::string tokenizer_path = checkpoint ? checkpoint->tokenizer_path : model.tokenizer_path();
   const Limits limits = options.override_limits ? options.limits : model.kev.limits;
   KEV_TRY(validate_limits(limits));
 
-  KEV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(model.tokenizer_path()));
+  KEV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(tokenizer_path));
   KEV_ASSIGN_OR_RETURN(SpecialIds ids, resolve_special_ids(tokenizer));
   KEV_TRY(check_special_ids(ids, model.kev.special_ids));
   KEV_CHECK(tokenizer.vocab_size() <= model.config.n_vocab, ErrorCode::TokenizerMismatch, "the tokenizer has ",
@@ -111,7 +124,15 @@ Result<Engine> Engine::load(const std::string& path, const Options& options) {
   bopts.threads = options.threads;
   KEV_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, create_backend(options.backend, bopts));
 
-  KEV_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(*backend, model));
+  ModelWeights weights;
+  if (checkpoint) {
+    // The dtype the default export for this backend would hold, so a direct load equals loading it.
+    const DType dtype = matmul_dtype_for(*backend, model.config, default_export_dtype(options.backend));
+    model.kev.dtype = dtype == DType::BF16 ? "bf16" : "fp32";
+    KEV_ASSIGN_OR_RETURN(weights, upload_weights(*backend, model.config, model.kev.pointer_dim, checkpoint->tensors, dtype));
+  } else {
+    KEV_ASSIGN_OR_RETURN(weights, load_model_weights(*backend, model));
+  }
   const DType matmul_dtype = weights.matmul_dtype;
 
   const double temperature = options.temperature > 0 ? options.temperature : model.kev.temperature;

@@ -46,17 +46,28 @@ PickleValue PickleValue::tensor(std::shared_ptr<const TorchTensor> t) { return P
 
 const char* PickleValue::type_name() const {
   switch (kind()) {
-    case Kind::None: return "NoneType";
-    case Kind::Bool: return "bool";
-    case Kind::Int: return "int";
-    case Kind::Float: return "float";
-    case Kind::String: return "str";
-    case Kind::Tuple: return "tuple";
-    case Kind::List: return "list";
-    case Kind::Dict: return "dict";
-    case Kind::Global: return "global";
-    case Kind::Storage: return "storage";
-    case Kind::Tensor: return "tensor";
+    case Kind::None:
+      return "NoneType";
+    case Kind::Bool:
+      return "bool";
+    case Kind::Int:
+      return "int";
+    case Kind::Float:
+      return "float";
+    case Kind::String:
+      return "str";
+    case Kind::Tuple:
+      return "tuple";
+    case Kind::List:
+      return "list";
+    case Kind::Dict:
+      return "dict";
+    case Kind::Global:
+      return "global";
+    case Kind::Storage:
+      return "storage";
+    case Kind::Tensor:
+      return "tensor";
   }
   return "unknown";
 }
@@ -145,78 +156,51 @@ Status PickleDict::set(PickleValue key, PickleValue value) {
 
 namespace {
 
+struct OpcodeName {
+  uint8_t code;
+  const char* name;
+};
+// Every opcode of protocols 0-5, so that refused ones are named in errors.
+constexpr OpcodeName kOpcodeNames[] = {{'(', "MARK"},          {')', "EMPTY_TUPLE"},
+                                       {'.', "STOP"},          {'0', "POP"},
+                                       {'1', "POP_MARK"},      {'2', "DUP"},
+                                       {'B', "BINBYTES"},      {'C', "SHORT_BINBYTES"},
+                                       {'F', "FLOAT"},         {'G', "BINFLOAT"},
+                                       {'I', "INT"},           {'J', "BININT"},
+                                       {'K', "BININT1"},       {'L', "LONG"},
+                                       {'M', "BININT2"},       {'N', "NONE"},
+                                       {'P', "PERSID"},        {'Q', "BINPERSID"},
+                                       {'R', "REDUCE"},        {'S', "STRING"},
+                                       {'T', "BINSTRING"},     {'U', "SHORT_BINSTRING"},
+                                       {'V', "UNICODE"},       {'X', "BINUNICODE"},
+                                       {']', "EMPTY_LIST"},    {'a', "APPEND"},
+                                       {'b', "BUILD"},         {'c', "GLOBAL"},
+                                       {'d', "DICT"},          {'e', "APPENDS"},
+                                       {'g', "GET"},           {'h', "BINGET"},
+                                       {'i', "INST"},          {'j', "LONG_BINGET"},
+                                       {'l', "LIST"},          {'o', "OBJ"},
+                                       {'p', "PUT"},           {'q', "BINPUT"},
+                                       {'r', "LONG_BINPUT"},   {'s', "SETITEM"},
+                                       {'t', "TUPLE"},         {'u', "SETITEMS"},
+                                       {'}', "EMPTY_DICT"},    {0x80, "PROTO"},
+                                       {0x81, "NEWOBJ"},       {0x82, "EXT1"},
+                                       {0x83, "EXT2"},         {0x84, "EXT4"},
+                                       {0x85, "TUPLE1"},       {0x86, "TUPLE2"},
+                                       {0x87, "TUPLE3"},       {0x88, "NEWTRUE"},
+                                       {0x89, "NEWFALSE"},     {0x8a, "LONG1"},
+                                       {0x8b, "LONG4"},        {0x8c, "SHORT_BINUNICODE"},
+                                       {0x8d, "BINUNICODE8"},  {0x8e, "BINBYTES8"},
+                                       {0x8f, "EMPTY_SET"},    {0x90, "ADDITEMS"},
+                                       {0x91, "FROZENSET"},    {0x92, "NEWOBJ_EX"},
+                                       {0x93, "STACK_GLOBAL"}, {0x94, "MEMOIZE"},
+                                       {0x95, "FRAME"},        {0x96, "BYTEARRAY8"},
+                                       {0x97, "NEXT_BUFFER"},  {0x98, "READONLY_BUFFER"}};
+
 const char* opcode_name(uint8_t op) {
-  switch (op) {
-    case '(': return "MARK";
-    case ')': return "EMPTY_TUPLE";
-    case '.': return "STOP";
-    case '0': return "POP";
-    case '1': return "POP_MARK";
-    case '2': return "DUP";
-    case 'B': return "BINBYTES";
-    case 'C': return "SHORT_BINBYTES";
-    case 'F': return "FLOAT";
-    case 'G': return "BINFLOAT";
-    case 'I': return "INT";
-    case 'J': return "BININT";
-    case 'K': return "BININT1";
-    case 'L': return "LONG";
-    case 'M': return "BININT2";
-    case 'N': return "NONE";
-    case 'P': return "PERSID";
-    case 'Q': return "BINPERSID";
-    case 'R': return "REDUCE";
-    case 'S': return "STRING";
-    case 'T': return "BINSTRING";
-    case 'U': return "SHORT_BINSTRING";
-    case 'V': return "UNICODE";
-    case 'X': return "BINUNICODE";
-    case ']': return "EMPTY_LIST";
-    case 'a': return "APPEND";
-    case 'b': return "BUILD";
-    case 'c': return "GLOBAL";
-    case 'd': return "DICT";
-    case 'e': return "APPENDS";
-    case 'g': return "GET";
-    case 'h': return "BINGET";
-    case 'i': return "INST";
-    case 'j': return "LONG_BINGET";
-    case 'l': return "LIST";
-    case 'o': return "OBJ";
-    case 'p': return "PUT";
-    case 'q': return "BINPUT";
-    case 'r': return "LONG_BINPUT";
-    case 's': return "SETITEM";
-    case 't': return "TUPLE";
-    case 'u': return "SETITEMS";
-    case '}': return "EMPTY_DICT";
-    case 0x80: return "PROTO";
-    case 0x81: return "NEWOBJ";
-    case 0x82: return "EXT1";
-    case 0x83: return "EXT2";
-    case 0x84: return "EXT4";
-    case 0x85: return "TUPLE1";
-    case 0x86: return "TUPLE2";
-    case 0x87: return "TUPLE3";
-    case 0x88: return "NEWTRUE";
-    case 0x89: return "NEWFALSE";
-    case 0x8a: return "LONG1";
-    case 0x8b: return "LONG4";
-    case 0x8c: return "SHORT_BINUNICODE";
-    case 0x8d: return "BINUNICODE8";
-    case 0x8e: return "BINBYTES8";
-    case 0x8f: return "EMPTY_SET";
-    case 0x90: return "ADDITEMS";
-    case 0x91: return "FROZENSET";
-    case 0x92: return "NEWOBJ_EX";
-    case 0x93: return "STACK_GLOBAL";
-    case 0x94: return "MEMOIZE";
-    case 0x95: return "FRAME";
-    case 0x96: return "BYTEARRAY8";
-    case 0x97: return "NEXT_BUFFER";
-    case 0x98: return "READONLY_BUFFER";
-    default: return nullptr;
+  for (const OpcodeName& o : kOpcodeNames) {
+    if (o.code == op) return o.name;
   }
+  return nullptr;
 }
 
 uint64_t read_le(std::span<const uint8_t> b) {
@@ -274,9 +258,8 @@ class PickleMachine {
  private:
   Status fail(const std::string& what) const {
     const char* name = opcode_name(op_);
-    return Status(ErrorCode::InvalidArtifact,
-                  cat("pickle opcode ", name ? name : "?", " (0x", std::hex, static_cast<int>(op_), std::dec,
-                      ") at byte ", op_pos_, ": ", what));
+    return Status(ErrorCode::InvalidArtifact, cat("pickle opcode ", name ? name : "?", " (0x", std::hex,
+                                                  static_cast<int>(op_), std::dec, ") at byte ", op_pos_, ": ", what));
   }
 
   Result<std::span<const uint8_t>> take(uint64_t n) {
@@ -406,9 +389,12 @@ class PickleMachine {
       case '1':
         KEV_TRY(pop_mark());
         return Status::success();
-      case 'N': return push(PickleValue());
-      case 0x88: return push(PickleValue::boolean(true));
-      case 0x89: return push(PickleValue::boolean(false));
+      case 'N':
+        return push(PickleValue());
+      case 0x88:
+        return push(PickleValue::boolean(true));
+      case 0x89:
+        return push(PickleValue::boolean(false));
       case 'J': {
         KEV_ASSIGN_OR_RETURN(uint64_t v, take_le(4));
         return push(PickleValue::integer(static_cast<int32_t>(static_cast<uint32_t>(v))));
@@ -446,9 +432,12 @@ class PickleMachine {
         KEV_ASSIGN_OR_RETURN(uint64_t n, take_le(8));
         return string_of_length(n);
       }
-      case ')': return push_tuple({});
-      case ']': return push_new(PickleValue::list());
-      case '}': return push_new(PickleValue(PickleValue::Variant(std::make_shared<PickleDict>())));
+      case ')':
+        return push_tuple({});
+      case ']':
+        return push_new(PickleValue::list());
+      case '}':
+        return push_new(PickleValue(PickleValue::Variant(std::make_shared<PickleDict>())));
       case 't': {
         KEV_ASSIGN_OR_RETURN(std::vector<PickleValue> items, pop_mark());
         return push_tuple(std::move(items));
@@ -484,7 +473,8 @@ class PickleMachine {
         PickleValue value = pop();
         PickleValue key = pop();
         PickleDict* d = dict_at_top();
-        if (d == nullptr) return fail(cat("sets an item on a value of type ", stack_.back().type_name(), ", not a dict"));
+        if (d == nullptr)
+          return fail(cat("sets an item on a value of type ", stack_.back().type_name(), ", not a dict"));
         if (Status s = d->set(std::move(key), std::move(value)); !s.ok()) return fail(s.message());
         return Status::success();
       }
@@ -507,7 +497,8 @@ class PickleMachine {
         KEV_ASSIGN_OR_RETURN(uint64_t i, take_le(4));
         return memo_put(i);
       }
-      case 0x94: return memo_put(memo_.size());
+      case 0x94:
+        return memo_put(memo_.size());
       case 'h': {
         KEV_ASSIGN_OR_RETURN(uint64_t i, take_le(1));
         return memo_get(i);
@@ -537,7 +528,8 @@ class PickleMachine {
         KEV_TRY(need(2));
         PickleValue args = pop();
         const PickleGlobal* callable = stack_.back().if_global();
-        if (callable == nullptr) return fail(cat("calls a value of type ", stack_.back().type_name(), ", not a global"));
+        if (callable == nullptr)
+          return fail(cat("calls a value of type ", stack_.back().type_name(), ", not a global"));
         if (!hooks_.reduce) return fail(cat("calls ", callable->qualified(), "; no calls are allowed here"));
         KEV_ASSIGN_OR_RETURN(PickleValue result, hooks_.reduce(*callable, args));
         adopt(result);
@@ -547,7 +539,8 @@ class PickleMachine {
       case 'b': {
         KEV_TRY(need(2));
         PickleValue state = pop();
-        if (!hooks_.build) return fail(cat("sets the state of a value of type ", stack_.back().type_name(), "; not allowed here"));
+        if (!hooks_.build)
+          return fail(cat("sets the state of a value of type ", stack_.back().type_name(), "; not allowed here"));
         return hooks_.build(stack_.back(), state);
       }
       case 'Q': {

@@ -154,7 +154,6 @@ struct PickleHooks {
   std::function<Result<PickleValue>(const PickleValue& pid)> persistent_load;
 };
 
-Result<PickleValue> unpickle(std::span<const uint8_t> bytes, const PickleHooks& hooks,
-                             const PickleLimits& limits = {});
+Result<PickleValue> unpickle(std::span<const uint8_t> bytes, const PickleHooks& hooks, const PickleLimits& limits = {});
 
 }  // namespace kev

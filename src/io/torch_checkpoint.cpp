@@ -6,6 +6,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -22,16 +23,26 @@ static_assert(std::endian::native == std::endian::little, "storages are little-e
 
 const char* torch_dtype_name(TorchDtype dtype) {
   switch (dtype) {
-    case TorchDtype::Float32: return "float32";
-    case TorchDtype::Float64: return "float64";
-    case TorchDtype::Float16: return "float16";
-    case TorchDtype::BFloat16: return "bfloat16";
-    case TorchDtype::Int64: return "int64";
-    case TorchDtype::Int32: return "int32";
-    case TorchDtype::Int16: return "int16";
-    case TorchDtype::Int8: return "int8";
-    case TorchDtype::UInt8: return "uint8";
-    case TorchDtype::Bool: return "bool";
+    case TorchDtype::Float32:
+      return "float32";
+    case TorchDtype::Float64:
+      return "float64";
+    case TorchDtype::Float16:
+      return "float16";
+    case TorchDtype::BFloat16:
+      return "bfloat16";
+    case TorchDtype::Int64:
+      return "int64";
+    case TorchDtype::Int32:
+      return "int32";
+    case TorchDtype::Int16:
+      return "int16";
+    case TorchDtype::Int8:
+      return "int8";
+    case TorchDtype::UInt8:
+      return "uint8";
+    case TorchDtype::Bool:
+      return "bool";
   }
   return "unknown";
 }
@@ -39,15 +50,19 @@ const char* torch_dtype_name(TorchDtype dtype) {
 size_t torch_dtype_size(TorchDtype dtype) {
   switch (dtype) {
     case TorchDtype::Float64:
-    case TorchDtype::Int64: return 8;
+    case TorchDtype::Int64:
+      return 8;
     case TorchDtype::Float32:
-    case TorchDtype::Int32: return 4;
+    case TorchDtype::Int32:
+      return 4;
     case TorchDtype::Float16:
     case TorchDtype::BFloat16:
-    case TorchDtype::Int16: return 2;
+    case TorchDtype::Int16:
+      return 2;
     case TorchDtype::Int8:
     case TorchDtype::UInt8:
-    case TorchDtype::Bool: return 1;
+    case TorchDtype::Bool:
+      return 1;
   }
   return 1;
 }
@@ -106,6 +121,7 @@ bool TorchTensor::is_contiguous() const {
 }
 
 Result<HostTensor> TorchTensor::to_host_f32() const {
+  KEV_CHECK(storage != nullptr, ErrorCode::Internal, "tensor has no storage");
   HostTensor out;
   out.shape = shape;
   out.data.resize(static_cast<size_t>(numel()));
@@ -129,6 +145,7 @@ Result<HostTensor> TorchTensor::to_host_f32() const {
 }
 
 Result<std::vector<int64_t>> TorchTensor::to_int64() const {
+  KEV_CHECK(storage != nullptr, ErrorCode::Internal, "tensor has no storage");
   std::vector<int64_t> out(static_cast<size_t>(numel()));
   int64_t* dst = out.data();
   const TorchStorage& st = *storage;
@@ -183,9 +200,9 @@ constexpr std::array<StorageType, 10> kStorageTypes{{
 }};
 
 // torch.dtype objects pickle as these globals (e.g. a dtype kept among training arguments).
-constexpr std::array<std::string_view, 15> kDtypeNames{
-    "float32", "float", "float64", "double", "float16", "half", "bfloat16", "int64",
-    "long",    "int32", "int",     "int16",  "int8",    "uint8", "bool"};
+constexpr std::array<std::string_view, 15> kDtypeNames{"float32", "float",    "float64", "double", "float16",
+                                                       "half",    "bfloat16", "int64",   "long",   "int32",
+                                                       "int",     "int16",    "int8",    "uint8",  "bool"};
 
 std::optional<TorchDtype> storage_dtype(const PickleGlobal& g) {
   if (g.module != "torch") return std::nullopt;
@@ -231,7 +248,8 @@ Result<std::vector<int64_t>> int_sequence(const PickleGlobal& g, const PickleVal
   std::vector<int64_t> out;
   for (const PickleValue& item : *items) {
     const int64_t* i = item.if_int();
-    if (i == nullptr || *i < 0) return bad_args(g, cat(what, " holding a value of type ", item.type_name(), " or a negative int"));
+    if (i == nullptr || *i < 0)
+      return bad_args(g, cat(what, " holding a value of type ", item.type_name(), " or a negative int"));
     out.push_back(*i);
   }
   return out;
@@ -244,7 +262,8 @@ Result<PickleValue> rebuild_tensor(const PickleGlobal& g, const PickleValue& arg
     return bad_args(g, a ? cat(a->size(), " arguments; expected 6 or 7") : cat("arguments of type ", args.type_name()));
   }
   const std::shared_ptr<const TorchStorage>* storage = (*a)[0].if_storage();
-  if (storage == nullptr) return bad_args(g, cat("a value of type ", (*a)[0].type_name(), " where the storage belongs"));
+  if (storage == nullptr)
+    return bad_args(g, cat("a value of type ", (*a)[0].type_name(), " where the storage belongs"));
   const int64_t* offset = (*a)[1].if_int();
   if (offset == nullptr || *offset < 0) return bad_args(g, "a storage offset that is not a non-negative int");
   auto t = std::make_shared<TorchTensor>();
@@ -269,8 +288,10 @@ Result<PickleValue> rebuild_tensor(const PickleGlobal& g, const PickleValue& arg
       numel = 0;
       break;
     }
-    if (d > st.numel || numel > st.numel / d) numel = st.numel + 1;
-    else numel *= d;
+    if (d > st.numel || numel > st.numel / d)
+      numel = st.numel + 1;
+    else
+      numel *= d;
   }
   KEV_CHECK(numel <= st.numel, ErrorCode::InvalidArtifact, "tensor of size ", shape_string(t->shape),
             " has more elements than its storage '", st.key, "' (", st.numel, " elements)");
@@ -278,8 +299,7 @@ Result<PickleValue> rebuild_tensor(const PickleGlobal& g, const PickleValue& arg
     int64_t last = *offset;
     for (size_t d = 0; d < t->shape.size(); ++d) {
       int64_t step = 0;
-      if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &step) ||
-          __builtin_add_overflow(last, step, &last)) {
+      if (__builtin_mul_overflow(t->shape[d] - 1, t->strides[d], &step) || __builtin_add_overflow(last, step, &last)) {
         last = std::numeric_limits<int64_t>::max();
         break;
       }
@@ -303,7 +323,8 @@ struct ZipFileCloser {
 
 class Archive {
  public:
-  Archive(ZipPtr zip, std::string stem) : zip_(std::move(zip)), stem_(std::move(stem)) {}
+  Archive(ZipPtr zip, std::string stem, uint64_t file_size)
+      : zip_(std::move(zip)), stem_(std::move(stem)), file_size_(file_size) {}
 
   bool has(const std::string& name) const { return zip_name_locate(zip_.get(), entry(name).c_str(), 0) >= 0; }
 
@@ -316,32 +337,35 @@ class Archive {
     KEV_CHECK(index >= 0, ErrorCode::InvalidArtifact, "the archive has no entry '", full, "'");
     zip_stat_t st;
     zip_stat_init(&st);
-    KEV_CHECK(zip_stat_index(zip_.get(), static_cast<zip_uint64_t>(index), 0, &st) == 0 &&
-                  (st.valid & ZIP_STAT_SIZE) && (st.valid & ZIP_STAT_COMP_METHOD),
+    KEV_CHECK(zip_stat_index(zip_.get(), static_cast<zip_uint64_t>(index), 0, &st) == 0 && (st.valid & ZIP_STAT_SIZE) &&
+                  (st.valid & ZIP_STAT_COMP_METHOD),
               ErrorCode::InvalidArtifact, "cannot stat entry '", full, "': ", zip_strerror(zip_.get()));
     if (exact) {
       KEV_CHECK(st.size == *exact, ErrorCode::InvalidArtifact, "entry '", full, "' has ", st.size,
                 " bytes; the pickle says it holds ", *exact);
     }
-    KEV_CHECK(st.size <= max_bytes, ErrorCode::InvalidArtifact, "entry '", full, "' has ", st.size,
-              " bytes; at most ", max_bytes, " are accepted");
+    KEV_CHECK(st.size <= max_bytes, ErrorCode::InvalidArtifact, "entry '", full, "' has ", st.size, " bytes; at most ",
+              max_bytes, " are accepted");
     KEV_CHECK(!stored || st.comp_method == ZIP_CM_STORE, ErrorCode::InvalidArtifact, "entry '", full,
               "' is compressed (method ", st.comp_method, "); torch.save stores entries uncompressed");
+    // Checked before allocating: an uncompressed entry cannot be larger than the whole file.
+    KEV_CHECK(!stored || st.size <= file_size_, ErrorCode::InvalidArtifact, "entry '", full, "' claims ", st.size,
+              " bytes in a file of ", file_size_, " bytes");
     std::unique_ptr<zip_file_t, ZipFileCloser> f(zip_fopen_index(zip_.get(), static_cast<zip_uint64_t>(index), 0));
     KEV_CHECK(f != nullptr, ErrorCode::InvalidArtifact, "cannot open entry '", full, "': ", zip_strerror(zip_.get()));
     std::vector<uint8_t> bytes(static_cast<size_t>(st.size));
     zip_uint64_t done = 0;
     while (done < st.size) {
       const zip_int64_t n = zip_fread(f.get(), bytes.data() + done, st.size - done);
-      KEV_CHECK(n > 0, ErrorCode::InvalidArtifact, "entry '", full, "' ends after ", done, " of ", st.size,
-                " bytes", n < 0 ? cat(": ", zip_file_strerror(f.get())) : std::string(), " (truncated?)");
+      KEV_CHECK(n > 0, ErrorCode::InvalidArtifact, "entry '", full, "' ends after ", done, " of ", st.size, " bytes",
+                n < 0 ? cat(": ", zip_file_strerror(f.get())) : std::string(), " (truncated?)");
       done += static_cast<zip_uint64_t>(n);
     }
     // libzip verifies the CRC only once a read reaches the end of the entry.
     uint8_t extra = 0;
     const zip_int64_t tail = zip_fread(f.get(), &extra, 1);
-    KEV_CHECK(tail == 0, ErrorCode::InvalidArtifact, "entry '", full, "': ",
-              tail < 0 ? zip_file_strerror(f.get()) : "holds more bytes than its size says");
+    KEV_CHECK(tail == 0, ErrorCode::InvalidArtifact, "entry '", full,
+              "': ", tail < 0 ? zip_file_strerror(f.get()) : "holds more bytes than its size says");
     return bytes;
   }
 
@@ -350,6 +374,7 @@ class Archive {
  private:
   ZipPtr zip_;
   std::string stem_;
+  uint64_t file_size_;
 };
 
 Result<Archive> open_archive(const std::string& path) {
@@ -372,7 +397,8 @@ Result<Archive> open_archive(const std::string& path) {
     zip_error_init_with_code(&ze, error);
     std::string message = zip_error_strerror(&ze);
     zip_error_fini(&ze);
-    return Status(ErrorCode::InvalidArtifact, cat("cannot read the zip archive: ", message, " (truncated or corrupt?)"));
+    return Status(ErrorCode::InvalidArtifact,
+                  cat("cannot read the zip archive: ", message, " (truncated or corrupt?)"));
   }
   // The pickle sits at <stem>/data.pkl, where stem is the archive's single top-level folder.
   std::optional<std::string> stem;
@@ -391,7 +417,10 @@ Result<Archive> open_archive(const std::string& path) {
   }
   KEV_CHECK(stem, ErrorCode::InvalidArtifact, "the archive has no <folder>/data.pkl entry (", n,
             " entries); not a torch.save file");
-  return Archive(std::move(zip), std::move(*stem));
+  std::error_code ec;
+  const uintmax_t file_size = std::filesystem::file_size(path, ec);
+  KEV_CHECK(!ec, ErrorCode::Io, "cannot read the file size: ", ec.message());
+  return Archive(std::move(zip), std::move(*stem), file_size);
 }
 
 class CheckpointReader {
@@ -404,8 +433,8 @@ class CheckpointReader {
     h.reduce = [this](const PickleGlobal& g, const PickleValue& args) { return reduce(g, args); };
     h.build = [](const PickleValue& object, const PickleValue&) -> Status {
       // OrderedDicts from state_dict() carry a `_metadata` attribute; it is not data.
-      KEV_CHECK(object.if_dict(), ErrorCode::InvalidArtifact, "pickle sets the state of a value of type ", object.type_name(),
-                " (BUILD); only dict attributes are accepted");
+      KEV_CHECK(object.if_dict(), ErrorCode::InvalidArtifact, "pickle sets the state of a value of type ",
+                object.type_name(), " (BUILD); only dict attributes are accepted");
       return Status::success();
     };
     h.persistent_load = [this](const PickleValue& pid) { return load_storage(pid); };
@@ -431,10 +460,12 @@ class CheckpointReader {
     if (is_global(g, "torch._utils", "_rebuild_tensor_v2")) return rebuild_tensor(g, args);
     if (is_global(g, "torch._utils", "_rebuild_parameter")) {
       // _rebuild_parameter(data, requires_grad, backward_hooks): a Parameter is its data here.
-      if (a == nullptr || a->size() != 3 || !(*a)[0].if_tensor()) return bad_args(g, "arguments other than (tensor, bool, dict)");
+      if (a == nullptr || a->size() != 3 || !(*a)[0].if_tensor())
+        return bad_args(g, "arguments other than (tensor, bool, dict)");
       return (*a)[0];
     }
-    return Status(ErrorCode::InvalidArtifact, cat("pickle calls ", g.qualified(), ", which is not a tensor constructor"));
+    return Status(ErrorCode::InvalidArtifact,
+                  cat("pickle calls ", g.qualified(), ", which is not a tensor constructor"));
   }
 
   // ("storage", torch.<Type>Storage, key, location, numel): the storage at <stem>/data/<key>.
@@ -490,7 +521,8 @@ Result<PickleValue> read_torch_checkpoint(const std::string& path) {
     if (!order.ok()) return in_file(path, order.status());
     const std::string text(order->begin(), order->end());
     if (text != "little") {
-      return in_file(path, Status(ErrorCode::Unsupported, cat("storages are '", text, "'-endian; only little-endian is supported")));
+      return in_file(path, Status(ErrorCode::Unsupported,
+                                  cat("storages are '", text, "'-endian; only little-endian is supported")));
     }
   }
   Result<std::vector<uint8_t>> pickle = archive->read("data.pkl", kMaxPickleBytes, std::nullopt, false);

@@ -98,7 +98,8 @@ Status read_head(const PickleDict& root, HeadCheckpoint& h) {
     bool known = false;
     for (std::string_view n : kHeadTensors) known = known || (name && *name == n);
     KEV_CHECK(known, ErrorCode::InvalidArtifact, "'head' has an unexpected entry '",
-              name ? *name : std::string(key.type_name()), "'; a Kev head holds only q.weight, q.bias, k.weight, k.bias");
+              name ? *name : std::string(key.type_name()),
+              "'; a Kev head holds only q.weight, q.bias, k.weight, k.bias");
   }
   KEV_ASSIGN_OR_RETURN(h.q_weight, read_head_tensor(*head, "q.weight"));
   KEV_ASSIGN_OR_RETURN(h.q_bias, read_head_tensor(*head, "q.bias"));

@@ -162,19 +162,21 @@ Result<ModelWeights> upload_weights(Backend& backend, const ModelConfig& config,
   return w;
 }
 
+DType matmul_dtype_for(const Backend& backend, const ModelConfig& config, const std::string& stored) {
+  if (stored != "bf16") return DType::F32;
+  const int64_t d = config.n_embd;
+  Tensor x, w, out;
+  x.dtype = out.dtype = DType::F32;
+  w.dtype = DType::BF16;
+  x.rank = w.rank = out.rank = 2;
+  x.shape = out.shape = {1, d};
+  w.shape = {d, d};
+  x.stride = w.stride = out.stride = {d, 1};
+  return backend.supports(OpDesc{OpKind::Matmul, {x, w, Tensor(), out}}) ? DType::BF16 : DType::F32;
+}
+
 Result<ModelWeights> load_model_weights(Backend& backend, const ModelFile& model) {
-  DType matmul_dtype = DType::F32;
-  if (model.kev.dtype == "bf16") {
-    const int64_t d = model.config.n_embd;
-    Tensor x, w, out;
-    x.dtype = out.dtype = DType::F32;
-    w.dtype = DType::BF16;
-    x.rank = w.rank = out.rank = 2;
-    x.shape = out.shape = {1, d};
-    w.shape = {d, d};
-    x.stride = w.stride = out.stride = {d, 1};
-    if (backend.supports(OpDesc{OpKind::Matmul, {x, w, Tensor(), out}})) matmul_dtype = DType::BF16;
-  }
+  const DType matmul_dtype = matmul_dtype_for(backend, model.config, model.kev.dtype);
   KEV_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(model.weights_path()));
   const TensorSource source = [&](const std::string& name) -> Result<HostTensor> {
     KEV_CHECK(file.find(name) != nullptr, ErrorCode::InvalidArtifact, model.weights_path(), " has no tensor '",

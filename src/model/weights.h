@@ -76,8 +76,11 @@ using TensorSource = std::function<Result<HostTensor>(const std::string& name)>;
 Result<ModelWeights> upload_weights(Backend& backend, const ModelConfig& config, int64_t pointer_dim,
                                     const TensorSource& source, DType matmul_dtype);
 
-// Chooses the projection dtype for `backend` (BF16 only when the file holds BF16 and the backend's matmul
-// takes BF16 weights; else FP32) and uploads the weights of an exported model.
+// The projection dtype `backend` computes with for weights stored as `stored` ("fp32" | "bf16"): BF16 only
+// when they are stored as BF16 and the backend's matmul takes BF16 weights; else F32.
+DType matmul_dtype_for(const Backend& backend, const ModelConfig& config, const std::string& stored);
+
+// Chooses the projection dtype with matmul_dtype_for and uploads the weights of an exported model.
 struct ModelFile;
 Result<ModelWeights> load_model_weights(Backend& backend, const ModelFile& model);
 

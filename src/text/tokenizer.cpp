@@ -228,15 +228,17 @@ class Regex {
   static Result<Regex> compile(const std::string& pattern, bool literal, const std::string& what) {
     int error = 0;
     PCRE2_SIZE offset = 0;
-    const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
+    // PCRE2 refuses PCRE2_UCP together with PCRE2_LITERAL, and a literal has no classes to widen anyway.
+    const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
                                      &error, &offset, nullptr);
     KEV_CHECK(code != nullptr, ErrorCode::InvalidArtifact, what, " regex does not compile at offset ", offset,
               ": ", pcre2_message(error));
     Regex r;
     r.code_.reset(code, CodeDeleter());
-    // JIT is an optimisation only: without it (or if it fails) the interpreter gives the same matches.
-    r.jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+    // JIT is an optimisation only: where it is unavailable or fails, pcre2_match interprets the pattern
+    // and gives the same matches.
+    (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
     return r;
   }
 
@@ -289,7 +291,6 @@ class Regex {
 
  private:
   std::shared_ptr<pcre2_code> code_;
-  bool jit_ = false;
 };
 
 // ---------------------------------------------------------------------------------------------------

@@ -196,6 +196,9 @@ void add_gdn(std::vector<OpCase>& cases) {
   cases.push_back(gdn_case("packed,", small, {3, 70}, false, false));
   cases.push_back(gdn_case("dk!=dv,", {1, 3, 32, 48}, {100}, true, true));
   cases.push_back(gdn_case("empty_seq,", small, {0}, true, true));
+  OpCase spiky = gdn_case("spiky_decay,", small, {130}, true, true);
+  spiky.args[3].init = spiky_log_decay();
+  cases.push_back(spiky);
 
   // state_out as the identical view of state_in: the state pass updating a snapshot in place.
   OpCase c = gdn_case("in_place_state,", small, {70}, true, false);

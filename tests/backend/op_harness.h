@@ -81,6 +81,9 @@ InitFn uniform(double lo, double hi);
 InitFn l2_rows(double norm = 1.0);
 // GDN log decay: −softplus(N(0,1)) · exp(N(0, 0.5)), always < 0.
 InitFn log_decay();
+// Mostly weak decay (g in [-0.1, -0.001]) with 5% spikes down to -1000: large cumulative decays
+// followed by small steps, which a float-accumulated Γ would get wrong.
+InitFn spiky_log_decay();
 // Integers uniform in [0, limit).
 InitFn indices(int64_t limit);
 // Fixed values, cycled.

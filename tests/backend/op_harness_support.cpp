@@ -269,6 +269,13 @@ InitFn log_decay() {
   };
 }
 
+InitFn spiky_log_decay() {
+  return [](Rng& rng, const std::vector<int64_t>&, std::vector<double>& v) {
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (double& x : v) x = u(rng) < 0.05 ? -std::pow(10.0, 1.0 + 2.0 * u(rng)) : -0.001 - 0.1 * u(rng);
+  };
+}
+
 InitFn indices(int64_t limit) {
   return [=](Rng& rng, const std::vector<int64_t>&, std::vector<double>& v) {
     std::uniform_int_distribution<int64_t> d(0, limit - 1);

@@ -31,8 +31,9 @@ TEST(JsonUtil, ParsesAndReportsErrorOffset) {
   EXPECT_FALSE(parse_json("\"\xff\xfe\"", "bad utf8").ok());
 }
 
-TEST(JsonUtil, DeepNestingIsAnErrorOrParsesWithoutCrashing) {
-  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+TEST(JsonUtil, DeepNestingParsesWithoutExhaustingTheStack) {
+  // nlohmann's parser and destructor are iterative; a recursive one would overflow here.
+  const std::string deep = std::string(20000, '[') + std::string(20000, ']');
   Result<nlohmann::json> r = parse_json(deep, "deep");
   EXPECT_TRUE(r.ok());
 }

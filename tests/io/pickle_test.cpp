@@ -96,8 +96,7 @@ TEST(Pickle, Long1) {
   EXPECT_EQ(*ok(proto(2) + long1("") + stop()).if_int(), 0);
   EXPECT_EQ(*ok(proto(2) + long1("\xff") + stop()).if_int(), -1);
   EXPECT_EQ(*ok(proto(2) + long1(std::string("\x00\x01", 2)) + stop()).if_int(), 256);
-  EXPECT_EQ(*ok(proto(2) + long1(std::string("\x00\x00\x00\x00\x00\x80\x00", 7)) + stop()).if_int(),
-            int64_t{1} << 47);
+  EXPECT_EQ(*ok(proto(2) + long1(std::string("\x00\x00\x00\x00\x00\x80\x00", 7)) + stop()).if_int(), int64_t{1} << 47);
   EXPECT_EQ(*ok(proto(2) + long1(std::string("\x00\x00\x00\x00\x00\x00\xff", 7)) + stop()).if_int(),
             -(int64_t{1} << 48));
   EXPECT_EQ(*ok(proto(2) + long1(std::string("\x00\x00\x00\x00\x00\x00\x00\x80", 8)) + stop()).if_int(),
@@ -110,8 +109,8 @@ TEST(Pickle, Long1) {
 // ---- containers ----
 
 TEST(Pickle, ListsTuplesDicts) {
-  const PickleValue list = ok(proto(2) + kEmptyList + binint1(1) + kAppend + mark() + unicode("a") + kNone + kAppends +
-                              stop());
+  const PickleValue list =
+      ok(proto(2) + kEmptyList + binint1(1) + kAppend + mark() + unicode("a") + kNone + kAppends + stop());
   ASSERT_NE(list.if_list(), nullptr);
   ASSERT_EQ(list.if_list()->size(), 3u);
   EXPECT_EQ(*(*list.if_list())[0].if_int(), 1);
@@ -130,9 +129,9 @@ TEST(Pickle, ListsTuplesDicts) {
   ASSERT_EQ(t.if_tuple()->size(), 4u);
   EXPECT_EQ(*(*t.if_tuple())[3].if_int(), 4);
 
-  const PickleValue d = ok(proto(2) + kEmptyDict + unicode("b") + binint1(2) + kSetItem + mark() + unicode("a") +
-                           binint1(1) + unicode("nested") + kEmptyDict + unicode("x") + kNone + kSetItem +
-                           kSetItems + stop());
+  const PickleValue d =
+      ok(proto(2) + kEmptyDict + unicode("b") + binint1(2) + kSetItem + mark() + unicode("a") + binint1(1) +
+         unicode("nested") + kEmptyDict + unicode("x") + kNone + kSetItem + kSetItems + stop());
   const PickleDict* dict = d.if_dict();
   ASSERT_NE(dict, nullptr);
   ASSERT_EQ(dict->size(), 3u);
@@ -146,9 +145,9 @@ TEST(Pickle, ListsTuplesDicts) {
 
 TEST(Pickle, DictKeysFollowPythonEquality) {
   // {1: "a", True: "b", 1.0: "c", None: "n", 2.5: "f"} is {1: "c", None: "n", 2.5: "f"} in Python.
-  const PickleValue d = ok(proto(2) + kEmptyDict + mark() + binint1(1) + unicode("a") + kTrue + unicode("b") +
-                           binfloat(1.0) + unicode("c") + kNone + unicode("n") + binfloat(2.5) + unicode("f") +
-                           kSetItems + stop());
+  const PickleValue d =
+      ok(proto(2) + kEmptyDict + mark() + binint1(1) + unicode("a") + kTrue + unicode("b") + binfloat(1.0) +
+         unicode("c") + kNone + unicode("n") + binfloat(2.5) + unicode("f") + kSetItems + stop());
   const PickleDict* dict = d.if_dict();
   ASSERT_NE(dict, nullptr);
   ASSERT_EQ(dict->size(), 3u);
@@ -206,8 +205,8 @@ TEST(Pickle, GlobalsNeedAnAllowList) {
   EXPECT_CONTAINS(fails(proto(4) + short_unicode("os") + short_unicode("system") + kStackGlobal + stop(), hooks),
                   "refused os.system");
 
-  const PickleValue g = ok(proto(4) + short_unicode("collections") + short_unicode("OrderedDict") + kStackGlobal +
-                           stop(), hooks);
+  const PickleValue g =
+      ok(proto(4) + short_unicode("collections") + short_unicode("OrderedDict") + kStackGlobal + stop(), hooks);
   ASSERT_NE(g.if_global(), nullptr);
   EXPECT_EQ(g.if_global()->module, "collections");
   EXPECT_EQ(g.if_global()->name, "OrderedDict");
@@ -220,10 +219,12 @@ TEST(Pickle, GlobalsNeedAnAllowList) {
     return PickleValue::dict();
   };
   const PickleValue od = ok(proto(2) + global("collections", "OrderedDict") + kEmptyTuple + kReduce + binput(0) +
-                            unicode("k") + kTrue + kSetItem + stop(), hooks);
+                                unicode("k") + kTrue + kSetItem + stop(),
+                            hooks);
   ASSERT_NE(od.if_dict(), nullptr);
   EXPECT_EQ(*od.if_dict()->find("k")->if_bool(), true);
-  EXPECT_CONTAINS(fails(proto(2) + unicode("f") + kEmptyTuple + kReduce + stop(), hooks), "calls a value of type str, not a global");
+  EXPECT_CONTAINS(fails(proto(2) + unicode("f") + kEmptyTuple + kReduce + stop(), hooks),
+                  "calls a value of type str, not a global");
 
   EXPECT_CONTAINS(fails(proto(2) + global("os", "sys\x01tem") + stop(), hooks), "malformed global name");
   EXPECT_CONTAINS(fails(proto(2) + "cos\n" + std::string(300, 'x') + "\n" + stop(), hooks), "longer than 256 bytes");
@@ -231,7 +232,8 @@ TEST(Pickle, GlobalsNeedAnAllowList) {
 }
 
 TEST(Pickle, BuildAndPersistentIdNeedHooks) {
-  EXPECT_CONTAINS(fails(proto(2) + kEmptyDict + kEmptyDict + kBuild + stop()), "sets the state of a value of type dict");
+  EXPECT_CONTAINS(fails(proto(2) + kEmptyDict + kEmptyDict + kBuild + stop()),
+                  "sets the state of a value of type dict");
   EXPECT_CONTAINS(fails(proto(2) + unicode("id") + kBinPersId + stop()), "persistent id; none are allowed");
 
   PickleHooks hooks;
@@ -273,7 +275,8 @@ TEST(Pickle, StackDisciplineIsChecked) {
                   "needs 3 values");
   EXPECT_CONTAINS(fails(proto(2) + kEmptyDict + mark() + unicode("k") + kSetItems + stop()),
                   "has 1 values, not key/value pairs");
-  EXPECT_CONTAINS(fails(proto(2) + binint1(1) + binint1(2) + kAppend + stop()), "appends to a value of type int, not a list");
+  EXPECT_CONTAINS(fails(proto(2) + binint1(1) + binint1(2) + kAppend + stop()),
+                  "appends to a value of type int, not a list");
   EXPECT_CONTAINS(fails(proto(2) + kEmptyList + unicode("k") + binint1(1) + kSetItem + stop()),
                   "sets an item on a value of type list, not a dict");
   EXPECT_CONTAINS(fails(proto(6) + kNone + stop()), "pickle protocol 6 is newer than 5");

@@ -150,6 +150,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadFile{"missing_storage.pt", ErrorCode::InvalidArtifact, "has no entry 'missing_storage/data/0'"},
         BadFile{"compressed_storage.pt", ErrorCode::InvalidArtifact, "is compressed (method 8)"},
         BadFile{"big_endian.pt", ErrorCode::Unsupported, "storages are 'big'-endian"},
+        BadFile{"storage_size_lie.pt", ErrorCode::InvalidArtifact, "cannot read the zip archive"},
         BadFile{"truncated_pickle.pt", ErrorCode::InvalidArtifact, "(truncated?)"},
         BadFile{"view_out_of_bounds.pt", ErrorCode::InvalidArtifact,
                 "tensor of size [2, 2] at offset 1 reaches element 4 of storage '0', which has 4"},
@@ -247,7 +248,8 @@ void expect_tensor_matches(const TorchTensor& t, const nlohmann::json& j, const 
   ASSERT_EQ(static_cast<int64_t>(values.size()), t.numel()) << name;
   ASSERT_FALSE(values.empty()) << name;
   const std::vector<double> first = j.at("first").get<std::vector<double>>();
-  for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(static_cast<double>(values[i]), first[i]) << name << "[" << i << "]";
+  for (size_t i = 0; i < first.size(); ++i)
+    EXPECT_EQ(static_cast<double>(values[i]), first[i]) << name << "[" << i << "]";
   EXPECT_EQ(static_cast<double>(values.back()), j.at("last").get<double>()) << name;
   double sum = 0, sum_abs = 0;
   for (float x : values) {

@@ -18,9 +18,9 @@ namespace {
 
 std::string fixture(const std::string& rel) { return std::string(KEV_FIXTURES_DIR) + "/" + rel; }
 
-#define ASSERT_FIXTURE(path)                                                                                    \
-  ASSERT_TRUE(std::filesystem::exists(path)) << "missing fixture " << (path)                                    \
-                                             << " (tests/fixtures/pickle/make_fixtures.py or, for headpt/, "    \
+#define ASSERT_FIXTURE(path)                                                                                 \
+  ASSERT_TRUE(std::filesystem::exists(path)) << "missing fixture " << (path)                                 \
+                                             << " (tests/fixtures/pickle/make_fixtures.py or, for headpt/, " \
                                                 "golden/ and upstream/, reference/golden/make_golden.py makes it)"
 
 #define EXPECT_CONTAINS(haystack, needle) \
@@ -44,7 +44,8 @@ void expect_tensor_matches(const HostTensor& t, const nlohmann::json& j, const s
   ASSERT_EQ(static_cast<int64_t>(t.data.size()), t.numel()) << name;
   ASSERT_FALSE(t.data.empty()) << name;
   const std::vector<double> first = j.at("first").get<std::vector<double>>();
-  for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(static_cast<double>(t.data[i]), first[i]) << name << "[" << i << "]";
+  for (size_t i = 0; i < first.size(); ++i)
+    EXPECT_EQ(static_cast<double>(t.data[i]), first[i]) << name << "[" << i << "]";
   EXPECT_EQ(static_cast<double>(t.data.back()), j.at("last").get<double>()) << name;
   double sum = 0, sum_abs = 0;
   for (float x : t.data) {
@@ -228,14 +229,17 @@ TEST_P(HeadCheckpointRefuses, WithAClearError) {
 INSTANTIATE_TEST_SUITE_P(
     HandMade, HeadCheckpointRefuses,
     ::testing::Values(
-        BadHead{"head_temperature_zero.pt", ErrorCode::InvalidArtifact, "'temperature' is 0; it must be finite and > 0"},
+        BadHead{"head_temperature_zero.pt", ErrorCode::InvalidArtifact,
+                "'temperature' is 0; it must be finite and > 0"},
         BadHead{"head_temperature_negative.pt", ErrorCode::InvalidArtifact, "'temperature' is -1.5"},
         BadHead{"head_temperature_nan.pt", ErrorCode::InvalidArtifact, "'temperature' is nan"},
-        BadHead{"head_temperature_str.pt", ErrorCode::InvalidArtifact, "'temperature' has type str; expected int or float"},
+        BadHead{"head_temperature_str.pt", ErrorCode::InvalidArtifact,
+                "'temperature' has type str; expected int or float"},
         BadHead{"head_option_isolation.pt", ErrorCode::Unsupported,
                 "released Kev checkpoints never set option_isolation; refusing"},
         BadHead{"head_special_embeddings.pt", ErrorCode::Unsupported, "'special_embeddings' is true"},
-        BadHead{"head_weights_merged.pt", ErrorCode::InvalidArtifact, "'weights' is 'merged'; expected \"lora\" or \"full\""},
+        BadHead{"head_weights_merged.pt", ErrorCode::InvalidArtifact,
+                "'weights' is 'merged'; expected \"lora\" or \"full\""},
         BadHead{"head_lora_str.pt", ErrorCode::InvalidArtifact, "'lora' has type str; expected int"},
         BadHead{"head_base_int.pt", ErrorCode::InvalidArtifact, "'base' has type int; expected str"},
         BadHead{"head_missing_head.pt", ErrorCode::InvalidArtifact, "required key 'head' is missing"},

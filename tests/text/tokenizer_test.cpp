@@ -284,6 +284,9 @@ TEST(Tokenizer, SmallTokenizerModelOptions) {
   EXPECT_EQ(encode_with(root, "abc"), (Ids{4}));
   root["model"]["ignore_merges"] = false;
 
+  root["pre_tokenizer"]["pretokenizers"][0]["pattern"] = Json::parse(R"({"String": "b "})");  // a literal
+  EXPECT_EQ(encode_with(root, "ab cab "), (Ids{0, 1, 5, 2, 0, 1, 5}));
+
   root["pre_tokenizer"] = Json::parse(R"({"type": "ByteLevel", "add_prefix_space": true, "use_regex": true})");
   EXPECT_EQ(encode_with(root, "ab c"), (Ids{5, 3, 5, 2}));  // " ab", " c" with a prefix space added
 }

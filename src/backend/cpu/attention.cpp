@@ -6,10 +6,12 @@
 //
 // Layouts: q, out [n,H,hd]; k, v [n,Hkv,hd]; prefix_k, prefix_v [Ls,Hkv,hd] or empty. All views may
 // have free outer strides (q is the query half of a [n,H,2·hd] projection) but rows must not overlap.
-// FAST: one task per (sequence, query head, tile of 64 queries), dynamically scheduled over the pool.
-// A task computes its scores [tile, Ls + τ_end] with two cblas_sgemm (prefix keys, own keys), masks
-// the causal upper part, takes an FP32 softmax with max subtraction, and multiplies by the values with
-// two more sgemm calls straight into out. BLAS is single-threaded inside (BlasSingleThreaded).
+// FAST: one task per (sequence, KV head, query tile), dynamically scheduled over the pool. A task
+// stacks the queries of the H/Hkv heads sharing its KV head (at most 64 rows), computes their scores
+// [rows, Ls + τ_end] with two cblas_sgemm (prefix keys, own keys), masks the causal part, takes an FP32
+// softmax with max subtraction, multiplies by the values with two more sgemm and scatters the rows to
+// out. Stacking the group reads each K/V row once per group and makes the GEMMs taller, which is what
+// matters for many short rows over a long prefix. BLAS is single-threaded inside (BlasSingleThreaded).
 // REFERENCE: per (token, head) the textbook softmax in double.
 // Dtypes: F32. Preconditions (supports() mirrors the static ones): Hkv >= 1 divides H, prefix_k and
 // prefix_v both given or both empty with equal shapes, out disjoint from every input, sizes within the
@@ -26,7 +28,7 @@ namespace kev::cpu {
 
 namespace {
 
-constexpr int64_t kQueryTile = 64;
+constexpr int64_t kQueryRows = 64;
 
 // A [rows, hd] head slice of a [rows, heads, hd] view: its base pointer and BLAS leading dimension.
 struct HeadView {
@@ -95,27 +97,38 @@ void reference_attention(const AttnArgs& a, const SeqLayout& layout) {
 }
 
 struct Task {
-  int64_t seq_begin, h, i0, i1;  // queries [i0, i1) relative to the sequence start
+  int64_t seq_begin, kvh, i0, i1;  // KV head kvh; queries [i0, i1) relative to the sequence start
 };
 
-void fast_task(const AttnArgs& a, const Task& task, std::vector<float>& scores) {
-  const int64_t kvh = task.h / (a.H / a.Hkv), rows = task.i1 - task.i0, own = task.i1, ld = a.Ls + own;
-  const int ihd = static_cast<int>(a.hd), irows = static_cast<int>(rows), ild = static_cast<int>(ld);
-  scores.resize(rows * ld);
-  float* sc = scores.data();
-  const HeadView q = head_view(a.q, task.seq_begin + task.i0, task.h);
-  const HeadView k = head_view(a.k, task.seq_begin, kvh);
-  const HeadView v = head_view(a.v, task.seq_begin, kvh);
-  if (a.Ls > 0) {
-    const HeadView pk = head_view(*a.pk, 0, kvh);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, irows, static_cast<int>(a.Ls), ihd, a.scale, q.p,
-                static_cast<int>(q.ld), pk.p, static_cast<int>(pk.ld), 0.0f, sc, ild);
+// The G = H/Hkv query heads sharing KV head kvh are stacked into one [G·rows, hd] matrix (row g·rows + r
+// is head kvh·G + g at query i0 + r), so each key and value row is read once per group and the GEMMs
+// are G times taller.
+void fast_task(const AttnArgs& a, const Task& task, std::vector<float>& scratch) {
+  const int64_t G = a.H / a.Hkv, rows = task.i1 - task.i0, m = G * rows, own = task.i1, ld = a.Ls + own;
+  const int64_t hd = a.hd;
+  const int im = static_cast<int>(m), ihd = static_cast<int>(hd), ild = static_cast<int>(ld);
+  scratch.resize(m * (2 * hd + ld));
+  float* Q = scratch.data();
+  float* O = Q + m * hd;
+  float* sc = O + m * hd;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = f32(a.q) + (task.seq_begin + task.i0 + r) * a.q.stride[0] + (task.kvh * G + g) * a.q.stride[1];
+      std::copy(src, src + hd, Q + (g * rows + r) * hd);
+    }
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, irows, static_cast<int>(own), ihd, a.scale, q.p,
-              static_cast<int>(q.ld), k.p, static_cast<int>(k.ld), 0.0f, sc + a.Ls, ild);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* s = sc + r * ld;
-    const int64_t valid = a.Ls + task.i0 + r + 1;  // causal: own keys up to this query
+  const HeadView k = head_view(a.k, task.seq_begin, task.kvh);
+  const HeadView v = head_view(a.v, task.seq_begin, task.kvh);
+  if (a.Ls > 0) {
+    const HeadView pk = head_view(*a.pk, 0, task.kvh);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, im, static_cast<int>(a.Ls), ihd, a.scale, Q, ihd, pk.p,
+                static_cast<int>(pk.ld), 0.0f, sc, ild);
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, im, static_cast<int>(own), ihd, a.scale, Q, ihd, k.p,
+              static_cast<int>(k.ld), 0.0f, sc + a.Ls, ild);
+  for (int64_t row = 0; row < m; ++row) {
+    float* s = sc + row * ld;
+    const int64_t valid = a.Ls + task.i0 + row % rows + 1;  // causal: own keys up to this query
     float mx = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
     float sum = 0.0f;
@@ -127,17 +140,21 @@ void fast_task(const AttnArgs& a, const Task& task, std::vector<float>& scores) 
     for (int64_t j = 0; j < valid; ++j) s[j] *= inv;
     std::fill(s + valid, s + ld, 0.0f);
   }
-  float* o = f32(a.out) + (task.seq_begin + task.i0) * a.out.stride[0] + task.h * a.out.stride[1];
-  const int ldo = static_cast<int>(a.out.shape[0] > 1 ? a.out.stride[0] : a.hd);
   float beta = 0.0f;
   if (a.Ls > 0) {
-    const HeadView pv = head_view(*a.pv, 0, kvh);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, irows, ihd, static_cast<int>(a.Ls), 1.0f, sc, ild, pv.p,
-                static_cast<int>(pv.ld), 0.0f, o, ldo);
+    const HeadView pv = head_view(*a.pv, 0, task.kvh);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, im, ihd, static_cast<int>(a.Ls), 1.0f, sc, ild, pv.p,
+                static_cast<int>(pv.ld), 0.0f, O, ihd);
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, irows, ihd, static_cast<int>(own), 1.0f, sc + a.Ls, ild, v.p,
-              static_cast<int>(v.ld), beta, o, ldo);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, im, ihd, static_cast<int>(own), 1.0f, sc + a.Ls, ild, v.p,
+              static_cast<int>(v.ld), beta, O, ihd);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = f32(a.out) + (task.seq_begin + task.i0 + r) * a.out.stride[0] + (task.kvh * G + g) * a.out.stride[1];
+      std::copy(O + (g * rows + r) * hd, O + (g * rows + r + 1) * hd, dst);
+    }
+  }
 }
 
 Status check_rows(const OpCheck& c, const char* name, const Tensor& t) {
@@ -207,19 +224,21 @@ Status attention(const Exec& e, const Tensor& q, const Tensor& k, const Tensor& 
     reference_attention(a, layout);
     return Status::success();
   }
+  // Query tiles of kQueryRows stacked rows (all heads of a KV group) bound the score scratch per task.
+  const int64_t tile = std::max<int64_t>(1, kQueryRows / (a.H / a.Hkv));
   std::vector<Task> tasks;
   for (int64_t r = 0; r < layout.n_seqs(); ++r) {
     const int64_t len = layout.offsets[r + 1] - layout.offsets[r];
-    for (int64_t h = 0; h < a.H; ++h) {
-      for (int64_t i0 = 0; i0 < len; i0 += kQueryTile) {
-        tasks.push_back({layout.offsets[r], h, i0, std::min(i0 + kQueryTile, len)});
+    for (int64_t kvh = 0; kvh < a.Hkv; ++kvh) {
+      for (int64_t i0 = 0; i0 < len; i0 += tile) {
+        tasks.push_back({layout.offsets[r], kvh, i0, std::min(i0 + tile, len)});
       }
     }
   }
   BlasSingleThreaded single;
   e.pool.parallel_for(static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t i = begin; i < end; ++i) fast_task(a, tasks[i], scores);
+    std::vector<float> scratch;
+    for (int64_t i = begin; i < end; ++i) fast_task(a, tasks[i], scratch);
   });
   return Status::success();
 }

@@ -63,8 +63,9 @@ class CpuBackend final : public Backend {
   BackendInfo info() const override {
     BackendInfo bi;
     bi.name = "cpu";
-    bi.device = cat(arch_name(), ", ", reference_ ? 1 : threads_, " thread", (reference_ || threads_ == 1) ? "" : "s",
-                    ", ", openblas_get_config(), reference_ ? ", reference mode" : "");
+    bi.device = reference_ ? cat(arch_name(), ", 1 thread, reference mode (plain loops, no BLAS)")
+                           : cat(arch_name(), ", ", threads_, threads_ == 1 ? " thread, " : " threads, ",
+                                 openblas_get_config());
     bi.activation_dtype = DType::F32;
     return bi;
   }

@@ -4,7 +4,7 @@
 // state_in[h] (layout.from_prefix) or 0, and α_t = e^{g_t}:
 //   S̄ = α_t S;  S = S̄ + β_t k_t (v_t − S̄ᵀk_t)ᵀ;  o_t = Sᵀq_t.
 // FAST evaluates the equivalent chunked (WY) form, chunks of C = 64 tokens, all FP32:
-//   Γ_i = Σ_{t<=i} g_t (in double, so Γ_i − Γ_j stays exact after a strongly decaying token),
+//   Γ_i = Σ_{t<=i} g_t (in double, so Γ_i − Γ_j stays accurate after a strongly decaying token),
 //   γ_i = e^{Γ_i}, D_ij = e^{Γ_i−Γ_j} (j <= i, never overflows: exponent <= 0);
 //   (I − A)[U | W] = [diag(β)V | diag(β⊙γ)K] with A_ij = −β_i (k_i·k_j) D_ij (j < i) solved by
 //   forward substitution (one cblas_strsm, unit lower triangular: N = (I−A)⁻¹ is never formed);
@@ -12,7 +12,9 @@
 // A ragged last chunk simply has fewer rows, which is exactly the spec's padding with k = v = 0,
 // β = 0, g = 0 (padded rows add nothing to U, W, Δ or the state, and leave Γ_C unchanged).
 // Per chunk: [Q;K]·Kᵀ, the solve, U −= W·S₀, O = diag(γ)Q·S₀, O += tril(D⊙QKᵀ)·Δ and the state
-// update are 5 BLAS calls. REFERENCE runs the token-by-token recurrence above in double.
+// update are 6 BLAS calls; the S₀ products are skipped while S₀ is exactly zero (a fresh pass's first
+// chunk) and the last state update when no state_out is wanted (question rows).
+// REFERENCE runs the token-by-token recurrence above in double.
 //
 // Layouts: q, k [n,Hk,dk] (l2-normalised; q pre-scaled by 1/sqrt(dk) by the caller), v [n,Hv,dv],
 // g (log decay, <= 0) and beta [n,Hv], all with free outer strides; state_in / state_out [Hv,dk,dv]
@@ -96,6 +98,7 @@ struct ChunkScratch {
   std::vector<float> S, QK, G, D, M, RHS, O;
   std::vector<double> Gamma;  // double: differences of large cumulative decays stay exact
   std::vector<float> gamma;
+  bool state_is_zero = true;  // S == 0 exactly: the S₀ products vanish and are skipped
   ChunkScratch(int64_t dk, int64_t dv)
       : S(dk * dv),
         QK(2 * kChunk * dk),
@@ -108,7 +111,8 @@ struct ChunkScratch {
         gamma(kChunk) {}
 };
 
-void fast_chunk(const GdnArgs& a, ChunkScratch& s, int64_t t0, int64_t cn, int64_t h) {
+// One chunk of tokens [t0, t0+cn) for value head h: outputs, then (if update_state) the next state.
+void fast_chunk(const GdnArgs& a, ChunkScratch& s, int64_t t0, int64_t cn, int64_t h, bool update_state) {
   const int64_t dk = a.dk, dv = a.dv, kh = h / (a.Hv / a.Hk), ldr = dv + dk;
   const int icn = static_cast<int>(cn), idk = static_cast<int>(dk), idv = static_cast<int>(dv);
   const int ildr = static_cast<int>(ldr), ic = static_cast<int>(kChunk);
@@ -146,7 +150,10 @@ void fast_chunk(const GdnArgs& a, ChunkScratch& s, int64_t t0, int64_t cn, int64
               s.RHS.data(), ildr);
   float* U = s.RHS.data();             // becomes Δ = U − W·S₀ (columns [0,dv))
   const float* W = s.RHS.data() + dv;  // columns [dv, dv+dk); disjoint from U's elements
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, idk, -1.0f, W, ildr, s.S.data(), idv, 1.0f, U, ildr);
+  if (!s.state_is_zero) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, idk, -1.0f, W, ildr, s.S.data(), idv, 1.0f, U,
+                ildr);
+  }
   // O = diag(γ)Q·S₀ + tril(D ⊙ QKᵀ)·Δ. QKᵀ is read before Q is scaled in place.
   for (int64_t i = 0; i < cn; ++i) {
     float* p = s.G.data() + i * kChunk;
@@ -154,17 +161,22 @@ void fast_chunk(const GdnArgs& a, ChunkScratch& s, int64_t t0, int64_t cn, int64
     for (int64_t j = i + 1; j < cn; ++j) p[j] = 0.0f;
     for (int64_t j = 0; j < dk; ++j) Q[i * dk + j] *= s.gamma[i];
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, idk, 1.0f, Q, idk, s.S.data(), idv, 0.0f, s.O.data(),
-              idv);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, icn, 1.0f, s.G.data(), ic, U, ildr, 1.0f, s.O.data(),
-              idv);
-  // S₀ ← γ_C S₀ + (diag(D_C·) K)ᵀ Δ.
-  const float gamma_c = s.gamma[cn - 1];
-  for (int64_t j = 0; j < cn; ++j) {
-    const float f = s.D[(cn - 1) * kChunk + j];
-    for (int64_t i = 0; i < dk; ++i) K[j * dk + i] *= f;
+  if (!s.state_is_zero) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, idk, 1.0f, Q, idk, s.S.data(), idv, 0.0f,
+                s.O.data(), idv);
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, idk, idv, icn, 1.0f, K, idk, U, ildr, gamma_c, s.S.data(), idv);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, icn, idv, icn, 1.0f, s.G.data(), ic, U, ildr,
+              s.state_is_zero ? 0.0f : 1.0f, s.O.data(), idv);
+  if (update_state) {
+    // S₀ ← γ_C S₀ + (diag(D_C·) K)ᵀ Δ.
+    for (int64_t j = 0; j < cn; ++j) {
+      const float f = s.D[(cn - 1) * kChunk + j];
+      for (int64_t i = 0; i < dk; ++i) K[j * dk + i] *= f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, idk, idv, icn, 1.0f, K, idk, U, ildr,
+                s.state_is_zero ? 0.0f : s.gamma[cn - 1], s.S.data(), idv);
+    s.state_is_zero = false;
+  }
   for (int64_t i = 0; i < cn; ++i) std::memcpy(a.out_row(t0 + i, h), s.O.data() + i * dv, dv * sizeof(float));
 }
 
@@ -173,9 +185,12 @@ void fast_head(const GdnArgs& a, int64_t begin, int64_t end, int64_t h) {
   ChunkScratch s(dk, dv);
   if (a.state_in) {
     std::memcpy(s.S.data(), a.state_in + h * dk * dv, dk * dv * sizeof(float));
+    s.state_is_zero = false;
   }
   for (int64_t t0 = begin; t0 < end; t0 += kChunk) {
-    fast_chunk(a, s, t0, std::min(kChunk, end - t0), h);
+    const int64_t cn = std::min(kChunk, end - t0);
+    // The last chunk's state update is only needed when the caller wants the final state.
+    fast_chunk(a, s, t0, cn, h, t0 + cn < end || a.state_out != nullptr);
   }
   if (a.state_out) std::memcpy(a.state_out + h * dk * dv, s.S.data(), dk * dv * sizeof(float));
 }

@@ -1,11 +1,11 @@
 // Operand validation shared by CpuBackend::supports() and the ops themselves, plus the small
 // strided-access helpers every kernel uses.
 //
-// One check function per op (declared in ops.h) is written against an OpCheck. In `Shapes` mode
-// (supports()) tensors may not have buffers yet, so only dtypes, ranks, shapes and strides are
-// checked; in `Bound` mode (the op is about to run) every present operand must also have a
-// HostBuffer (not another backend's memory) that holds its whole span. Messages name the op, the operand and the
-// mismatch, e.g. "gated_delta_rule: k is f32[12,16,64], expected [12,16,128] ([n,Hk,dk])".
+// One check function per op (declared in ops.h) is written against an OpCheck. For supports()
+// (bound = false) tensors may not have buffers yet, so only dtypes, ranks, shapes and strides are
+// checked; when the op is about to run (bound = true) every present operand must also live in a
+// HostBuffer (not another backend's memory) that holds its whole span. Messages name the op, the
+// operand and the mismatch, e.g. "gated_delta_rule: k is f32[12,16,64], expected [12,16,128] ([n,Hk,dk])".
 #pragma once
 
 #include <cstdint>

@@ -51,7 +51,9 @@ void print_summary(const std::string& dir, const kev::ImportSummary& s) {
     return;
   }
   std::string modules;
-  for (const auto& [name, count] : s.merged_by_module) modules += kev::cat(modules.empty() ? "" : ", ", name, " ", count);
+  for (const auto& [name, count] : s.merged_by_module) {
+    modules += kev::cat(modules.empty() ? "" : ", ", name, " ", count);
+  }
   std::cout << "  LoRA:        rank " << s.lora_rank << ", merge scale " << s.lora_scale << "\n"
             << "  merged:      " << s.lora_modules << " modules (" << modules << ")\n"
             << "  LoRA params: " << grouped(s.lora_parameters);
@@ -72,7 +74,8 @@ int main(int argc, char** argv) {
   kev::ImportOptions imp;
   kev::SyntheticOptions syn;
   bool audit_only = false;
-  auto* ck_opt = app.add_option("--checkpoint", checkpoint, "upstream Kev checkpoint directory (head.pt + adapter or weights)");
+  auto* ck_opt =
+      app.add_option("--checkpoint", checkpoint, "upstream Kev checkpoint directory (head.pt + adapter or weights)");
   auto* syn_opt = app.add_option("--synthetic", kind, "synthetic model with random weights: tiny, 0.8b, 4b, 9b");
   ck_opt->excludes(syn_opt);
   app.add_option("--base", imp.base_dir, "HF directory of the base model head.pt names (not needed for full weights)")
@@ -82,7 +85,8 @@ int main(int argc, char** argv) {
       ->default_val("cpu");
   app.add_option("--dtype", dtype, "backbone weight dtype: fp32 or bf16 (default: bf16 for cuda, else fp32)");
   app.add_option("--max-prefix", imp.limits.max_prefix, "state token limit recorded in model.json")->needs(ck_opt);
-  app.add_option("--max-context", imp.limits.max_context, "state + row token limit recorded in model.json")->needs(ck_opt);
+  app.add_option("--max-context", imp.limits.max_context, "state + row token limit recorded in model.json")
+      ->needs(ck_opt);
   app.add_option("--max-questions", imp.limits.max_questions, "questions per pass (0 = only the token budget)")
       ->needs(ck_opt);
   app.add_option("--lora-scale", imp.lora_scale, "LoRA user scale s (upstream KEV_LORA_SCALE)")->needs(ck_opt);
@@ -93,13 +97,16 @@ int main(int argc, char** argv) {
       ->needs(syn_opt);
   try {
     app.parse(argc, argv);
-    if (checkpoint.empty() == kind.empty()) throw CLI::ValidationError("give exactly one of --checkpoint and --synthetic");
+    if (checkpoint.empty() == kind.empty()) {
+      throw CLI::ValidationError("give exactly one of --checkpoint and --synthetic");
+    }
     if (out_dir.empty() && !audit_only) throw CLI::RequiredError("--out");
     if (!dtype.empty() && dtype != "fp32" && dtype != "bf16") throw CLI::ValidationError("--dtype", "fp32 or bf16");
     const kev::Limits& l = imp.limits;
     if (l.max_prefix < 1 || l.max_context <= l.max_prefix || l.max_questions < 0) {
-      throw CLI::ValidationError("limits", kev::cat("need max-prefix >= 1, max-context > max-prefix and max-questions >= 0 (got ",
-                                                    l.max_prefix, ", ", l.max_context, ", ", l.max_questions, ")"));
+      throw CLI::ValidationError("limits", kev::cat("need max-prefix >= 1, max-context > max-prefix and "
+                                                    "max-questions >= 0 (got ", l.max_prefix, ", ", l.max_context,
+                                                    ", ", l.max_questions, ")"));
     }
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;

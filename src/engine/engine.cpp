@@ -129,7 +129,8 @@ Result<Engine> Engine::load(const std::string& path, const Options& options) {
     // The dtype the default export for this backend would hold, so a direct load equals loading it.
     const DType dtype = matmul_dtype_for(*backend, model.config, default_export_dtype(options.backend));
     model.kev.dtype = dtype == DType::BF16 ? "bf16" : "fp32";
-    KEV_ASSIGN_OR_RETURN(weights, upload_weights(*backend, model.config, model.kev.pointer_dim, checkpoint->tensors, dtype));
+    KEV_ASSIGN_OR_RETURN(weights,
+                         upload_weights(*backend, model.config, model.kev.pointer_dim, checkpoint->tensors, dtype));
   } else {
     KEV_ASSIGN_OR_RETURN(weights, load_model_weights(*backend, model));
   }

@@ -490,15 +490,17 @@ Status SafetensorsWriter::add_f32(std::string name, HostTensor tensor, StDtype d
             "' has ", tensor.data.size(), " values but shape ", shape_string(tensor.shape), " holds ", tensor.numel());
   std::vector<int64_t> shape = tensor.shape;
   auto owned = std::make_shared<HostTensor>(std::move(tensor));
+  // Pieces of 64 Ki elements keep the conversion buffer small and progress reports frequent.
   TensorProducer producer = [owned, dtype](ByteSink& sink) -> Status {
+    constexpr size_t kChunk = size_t{1} << 16;
     const std::vector<float>& v = owned->data;
-    if (dtype == StDtype::F32) {
-      return sink.write({reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float)});
-    }
-    constexpr size_t kChunk = size_t{1} << 16;  // elements converted per write
-    std::vector<uint16_t> buf(std::min(kChunk, v.size()));
+    std::vector<uint16_t> buf(dtype == StDtype::F32 ? 0 : std::min(kChunk, v.size()));
     for (size_t i = 0; i < v.size(); i += kChunk) {
       const size_t n = std::min(kChunk, v.size() - i);
+      if (dtype == StDtype::F32) {
+        KEV_TRY(sink.write({reinterpret_cast<const uint8_t*>(v.data() + i), n * sizeof(float)}));
+        continue;
+      }
       if (dtype == StDtype::BF16) {
         f32_to_bf16(v.data() + i, buf.data(), n);
       } else {

@@ -210,12 +210,16 @@ Result<OpAudit> audit_ops(const ModelConfig& config, int64_t pointer_dim, const 
 std::string format_audit(const OpAudit& a) {
   std::string s = cat("op audit for backend '", a.backend, "'",
                       a.backend_device.empty() ? std::string() : cat(" (", a.backend_device, ")"), ": projections ",
-                      a.matmul_dtype, "; state pass of ", a.shape.prefix_tokens, " tokens, score pass of ", a.shape.rows,
-                      " rows x ", a.shape.row_tokens, " tokens\n");
+                      a.matmul_dtype, "; state pass of ", a.shape.prefix_tokens, " tokens, score pass of ",
+                      a.shape.rows, " rows x ", a.shape.row_tokens, " tokens\n");
   if (!a.unavailable.empty()) s += cat("  ", a.unavailable, "\n");
+  size_t support_width = 0;
+  for (const AuditedOp& o : a.ops) {
+    support_width = std::max(support_width, std::string(op_support_name(o.support)).size());
+  }
   for (const AuditedOp& o : a.ops) {
     s += cat("  ", pad(o.pass, 8), pad(op_name(o.op), 20), pad(cat("x", o.calls), 6),
-             pad(op_support_name(o.support), 14), o.operands, "\n");
+             pad(op_support_name(o.support), support_width + 2), o.operands, "\n");
   }
   const std::string counts = cat(a.ops.size(), " distinct calls (", a.total_calls(), " in all)");
   if (!a.unavailable.empty()) {

@@ -72,7 +72,8 @@ struct Sources {
 bool json_set(const nlohmann::json& cfg, const char* key) {
   if (!json_has(cfg, key)) return false;
   const nlohmann::json& v = cfg[key];
-  return !(v.is_null() || (v.is_boolean() && !v.get<bool>()) || ((v.is_object() || v.is_array() || v.is_string()) && v.empty()));
+  if (v.is_null() || (v.is_boolean() && !v.get<bool>())) return false;
+  return !((v.is_object() || v.is_array() || v.is_string()) && v.empty());
 }
 
 Result<Adapter> open_adapter_files(const std::string& dir, int64_t head_rank, double user_scale) {
@@ -201,7 +202,9 @@ Result<HostTensor> read_tensor(const Sources& s, const std::string& name) {
   return t;
 }
 
-bool float_dtype(StDtype d) { return d == StDtype::F32 || d == StDtype::BF16 || d == StDtype::F16 || d == StDtype::F64; }
+bool float_dtype(StDtype d) {
+  return d == StDtype::F32 || d == StDtype::BF16 || d == StDtype::F16 || d == StDtype::F64;
+}
 
 // Finds every backbone tensor the model needs and checks its shape (and, for full weights, its dtype)
 // from the headers.
@@ -276,7 +279,8 @@ Result<OpenedCheckpoint> open_checkpoint(const std::string& checkpoint_dir, cons
   if (base_dir.empty() && !full) {
     return Status(ErrorCode::InvalidRequest,
                   head.base.empty()
-                      ? cat("no base model given and head.pt names none: pass the Qwen3.5 base's HF directory with --base")
+                      ? cat("no base model given and head.pt names none: pass the Qwen3.5 base's HF directory "
+                            "with --base")
                       : cat("no base model given; ", base_text(head), ": download that snapshot and pass its "
                             "directory with --base"));
   }
@@ -324,7 +328,8 @@ Result<OpenedCheckpoint> open_checkpoint(const std::string& checkpoint_dir, cons
 
   out.tokenizer_path = tokenizer_dir + "/tokenizer.json";
   KEV_CHECK(fs::exists(out.tokenizer_path), ErrorCode::InvalidArtifact, "'", tokenizer_dir,
-            "' has no tokenizer.json; the base model's tokenizer is needed (", base_text(head), "; pass it with --base)");
+            "' has no tokenizer.json; the base model's tokenizer is needed (", base_text(head),
+            "; pass it with --base)");
   KEV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(out.tokenizer_path));
   KEV_ASSIGN_OR_RETURN(out.meta.special_ids, resolve_special_ids(tokenizer));
 

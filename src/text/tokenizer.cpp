@@ -223,6 +223,70 @@ std::string pcre2_message(int code) {
   return reinterpret_cast<const char*>(buf);
 }
 
+// HF compiles Split patterns with Oniguruma, whose Unicode data (16.0 in tokenizers 0.23) is newer than
+// PCRE2 10.42's (14.0), and whose \s is Unicode White_Space where PCRE2's also takes U+180E. Comparing
+// every code point (reference/tokenizer/hf_regex_classes.mjs, checked by tokenizer_test.cpp) leaves
+// exactly these differences: the letters and numbers below, which PCRE2 10.42 thinks unassigned, and
+// U+180E. So \p{L}, \p{N}, \s and \S (outside brackets) are widened or narrowed to Oniguruma's sets;
+// a newer PCRE2 already holds the extra code points, which is harmless.
+constexpr std::string_view kExtraLetters =
+    R"(\x{1C89}-\x{1C8A}\x{A7CB}-\x{A7CD}\x{A7DA}-\x{A7DC}\x{105C0}-\x{105F3}\x{10D4A}-\x{10D65})"
+    R"(\x{10D6F}-\x{10D85}\x{10EC2}-\x{10EC4}\x{1123F}-\x{11240}\x{11380}-\x{11389}\x{1138B}\x{1138E})"
+    R"(\x{11390}-\x{113B5}\x{113B7}\x{113D1}\x{113D3}\x{11BC0}-\x{11BE0}\x{11F02}\x{11F04}-\x{11F10})"
+    R"(\x{11F12}-\x{11F33}\x{1342F}\x{13441}-\x{13446}\x{13460}-\x{143FA}\x{16100}-\x{1611D})"
+    R"(\x{16D40}-\x{16D6C}\x{18CFF}\x{1B132}\x{1B155}\x{1DF25}-\x{1DF2A}\x{1E030}-\x{1E06D})"
+    R"(\x{1E4D0}-\x{1E4EB}\x{1E5D0}-\x{1E5ED}\x{1E5F0}\x{2B739}\x{2EBF0}-\x{2EE5D}\x{31350}-\x{323AF})";
+constexpr std::string_view kExtraNumbers =
+    R"(\x{10D40}-\x{10D49}\x{116D0}-\x{116E3}\x{11BF0}-\x{11BF9}\x{11F50}-\x{11F59}\x{16130}-\x{16139})"
+    R"(\x{16D70}-\x{16D79}\x{1CCF0}-\x{1CCF9}\x{1D2C0}-\x{1D2D3}\x{1E4F0}-\x{1E4F9}\x{1E5F1}-\x{1E5FA})";
+constexpr std::string_view kWhiteSpace =
+    R"(\t-\r\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+
+// Rewrites the class escapes of `pattern` as described above. Inside brackets a set is spliced in
+// without brackets; \S inside brackets stays as it is (it differs from Oniguruma at U+180E only).
+std::string align_with_oniguruma(std::string_view pattern) {
+  const std::string letters = cat("\\p{L}", kExtraLetters), numbers = cat("\\p{N}", kExtraNumbers);
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const std::string_view rest = pattern.substr(i);
+    if (rest.starts_with("\\Q")) {  // \Q...\E quotes its text literally
+      const size_t end = rest.find("\\E");
+      const size_t n = end == std::string_view::npos ? rest.size() : end + 2;
+      out.append(rest.substr(0, n));
+      i += n - 1;
+    } else if (rest.starts_with("\\p{L}") || rest.starts_with("\\p{N}")) {
+      const std::string& set = rest[3] == 'L' ? letters : numbers;
+      out += in_class ? set : cat("[", set, "]");
+      i += 4;
+    } else if (rest.starts_with("\\s")) {
+      out += in_class ? std::string(kWhiteSpace) : cat("[", kWhiteSpace, "]");
+      i += 1;
+    } else if (rest.starts_with("\\S") && !in_class) {
+      out += cat("[^", kWhiteSpace, "]");
+      i += 1;
+    } else if (rest[0] == '\\' && rest.size() > 1) {
+      out.append(rest.substr(0, 2));
+      i += 1;
+    } else if (in_class && rest.starts_with("[:")) {  // a POSIX class such as [:alpha:]
+      const size_t end = rest.find(":]");
+      const size_t n = end == std::string_view::npos ? 1 : end + 2;
+      out.append(rest.substr(0, n));
+      i += n - 1;
+    } else if (!in_class && rest[0] == '[') {
+      // "]" right after "[" or "[^" is a literal member, not the end of the class.
+      const size_t n = rest.starts_with("[^]") ? 3 : rest.starts_with("[]") ? 2 : rest.starts_with("[^") ? 2 : 1;
+      out.append(rest.substr(0, n));
+      i += n - 1;
+      in_class = true;
+    } else {
+      if (in_class && rest[0] == ']') in_class = false;
+      out += rest[0];
+    }
+  }
+  return out;
+}
+
 class Regex {
  public:
   static Result<Regex> compile(const std::string& pattern, bool literal, const std::string& what) {
@@ -230,7 +294,8 @@ class Regex {
     PCRE2_SIZE offset = 0;
     // PCRE2 refuses PCRE2_UCP together with PCRE2_LITERAL, and a literal has no classes to widen anyway.
     const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+    const std::string source = literal ? pattern : align_with_oniguruma(pattern);
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), options,
                                      &error, &offset, nullptr);
     KEV_CHECK(code != nullptr, ErrorCode::InvalidArtifact, what, " regex does not compile at offset ", offset,
               ": ", pcre2_message(error));

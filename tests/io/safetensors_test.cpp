@@ -244,6 +244,28 @@ TEST(Safetensors, StreamsLargeProducerData) {
   for (int64_t p = 0; p < kPieces; ++p) ASSERT_EQ(b[static_cast<size_t>(p * kPiece + 12345)], p);
 }
 
+TEST(Safetensors, AddF32ConvertsAcrossChunkBoundaries) {
+  // More values than one conversion piece (64 Ki), with a ragged last piece.
+  TempDir tmp;
+  std::vector<float> values(150001);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.37f - 1000.0f;
+  SafetensorsWriter w;
+  for (StDtype dtype : {StDtype::F32, StDtype::BF16, StDtype::F16}) {
+    ASSERT_TRUE(w.add_f32(st_dtype_name(dtype), HostTensor({150001}, values), dtype).ok());
+  }
+  ASSERT_TRUE(w.write(tmp.path("c.safetensors")).ok());
+  Result<SafetensorsFile> f = SafetensorsFile::open(tmp.path("c.safetensors"));
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ(f->read_f32("F32")->data, values);
+  const std::vector<float> bf = f->read_f32("BF16")->data, half = f->read_f32("F16")->data;
+  ASSERT_EQ(bf.size(), values.size());
+  ASSERT_EQ(half.size(), values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(bf[i], bf16_to_f32(f32_to_bf16(values[i]))) << i;
+    ASSERT_EQ(half[i], f16_to_f32(f32_to_f16(values[i]))) << i;
+  }
+}
+
 TEST(Safetensors, WriterRejectsBadInput) {
   SafetensorsWriter w;
   ASSERT_TRUE(w.add("x", StDtype::F32, {1}, std::vector<uint8_t>(4)).ok());

@@ -434,7 +434,8 @@ TEST(CheckpointImportErrors, LeftoverAdapterTensor) {
                                  "base_model.model.layers.0.input_layernorm.lora_A.weight",
                                  "base_model.model.layers.0.self_attn.q_proj.lora_A.weight"}) {
     Copy c(kUpstream);
-    edit_safetensors(c.path("adapter_model.safetensors"), [](const Entry&) { return true; }, {f32_entry(name, {16, 64})});
+    edit_safetensors(c.path("adapter_model.safetensors"), [](const Entry&) { return true; },
+                     {f32_entry(name, {16, 64})});
     const Status st = open_error(c.dir(), kBase);
     EXPECT_EQ(st.code(), ErrorCode::InvalidArtifact) << name;
     EXPECT_CONTAINS(st.message(), "'" + name + "' matches no adapted projection");
@@ -483,7 +484,8 @@ TEST(CheckpointImportErrors, MissingAdapterFiles) {
 TEST(CheckpointImportErrors, MissingBaseTensor) {
   ASSERT_FIXTURES();
   Copy base(kBase);
-  edit_safetensors(base.path("model.safetensors"), [](const Entry& e) { return e.name != "layers.5.linear_attn.A_log"; });
+  edit_safetensors(base.path("model.safetensors"),
+                   [](const Entry& e) { return e.name != "layers.5.linear_attn.A_log"; });
   const Status st = open_error(kUpstream, base.dir());
   EXPECT_EQ(st.code(), ErrorCode::InvalidArtifact);
   EXPECT_CONTAINS(st.message(), "has no tensor 'layers.5.linear_attn.A_log'");
@@ -492,7 +494,8 @@ TEST(CheckpointImportErrors, MissingBaseTensor) {
 TEST(CheckpointImportErrors, WrongBaseTensorShape) {
   ASSERT_FIXTURES();
   Copy base(kBase);
-  edit_safetensors(base.path("model.safetensors"), [](const Entry& e) { return e.name != "layers.1.mlp.gate_proj.weight"; },
+  edit_safetensors(base.path("model.safetensors"),
+                   [](const Entry& e) { return e.name != "layers.1.mlp.gate_proj.weight"; },
                    {f32_entry("layers.1.mlp.gate_proj.weight", {64, 64})});
   const Status st = open_error(kUpstream, base.dir());
   EXPECT_EQ(st.code(), ErrorCode::InvalidArtifact);
@@ -547,7 +550,9 @@ TEST(CheckpointImport, FullBf16WeightsLoadWithoutABase) {
   auto t = ck->tensors("layers.0.mlp.up_proj.weight");
   ASSERT_TRUE(t.ok());
   const HostTensor base = read_base("layers.0.mlp.up_proj.weight");
-  for (size_t i = 0; i < base.data.size(); ++i) ASSERT_LE(std::fabs(t->data[i] - base.data[i]), 4e-3 * std::fabs(base.data[i]));
+  for (size_t i = 0; i < base.data.size(); ++i) {
+    ASSERT_LE(std::fabs(t->data[i] - base.data[i]), 4e-3 * std::fabs(base.data[i])) << i;
+  }
 }
 
 TEST(CheckpointImportErrors, NonFiniteLoraScale) {

@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 #include <utf8proc.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -79,6 +81,8 @@ std::string nfc(const std::string& s) {
 
 std::string ids_string(const Ids& ids) { return Json(ids).dump(); }
 
+Json small_tokenizer();
+
 // Encodes every corpus line and compares with the expected ids; reports the first mismatch in full.
 void expect_corpus_matches(const Tokenizer& tokenizer, const std::string& corpus_name, const std::string& expected_name) {
   const std::vector<std::string> texts = read_corpus(corpus_name);
@@ -138,6 +142,110 @@ TEST(TokenizerConformance, AddedTokenFlagsMatchHfTokenizers) {
   expect_corpus_matches(*tokenizer, "corpus_flags.jsonl", "expected_flags_qwen3.jsonl");
   EXPECT_EQ(tokenizer->token_to_id("hello world"), 151670);
   EXPECT_EQ(tokenizer->vocab_size(), 151673);
+}
+
+// GPT-2's byte -> code point map, written out again here so the test does not reuse the code it checks.
+std::string byte_level_char(int b) {
+  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+  int cp = b;
+  if (!printable) {
+    cp = 256;
+    for (int x = 0; x < b; ++x) cp += !((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF));
+  }
+  std::string out;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+void append_utf8(std::string& s, char32_t c) {
+  if (c < 0x80) {
+    s += static_cast<char>(c);
+  } else if (c < 0x800) {
+    s += static_cast<char>(0xC0 | (c >> 6));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    s += static_cast<char>(0xE0 | (c >> 12));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (c >> 18));
+    s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  }
+}
+
+// Every code point is classified by a Split regex `\p{L}+` (resp. `\p{N}+`, `\s+`) exactly as HF's
+// Oniguruma does (hf_regex_classes.txt, from reference/tokenizer/hf_regex_classes.mjs). The probe text is
+// "!" c1 "!" c2 ... "!"; ByteLevel's add_prefix_space puts the byte-level space (id 32 here) before every
+// piece, so c is in the class exactly when a piece starts at c. U+0020 itself cannot be seen this way and
+// "!" is the separator; both are skipped.
+TEST(TokenizerConformance, RegexClassesMatchHfOnEveryCodePoint) {
+  std::ifstream in(kFixtures + "hf_regex_classes.txt");
+  ASSERT_TRUE(in.good()) << "missing fixture " << kFixtures << "hf_regex_classes.txt";
+  std::map<char, std::vector<bool>> hf;
+  for (const char k : {'L', 'N', 'S'}) hf[k].assign(0x110000, false);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    char k = 0;
+    unsigned first = 0, last = 0;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%c %x %x", &k, &first, &last), 3) << line;
+    ASSERT_TRUE(hf.count(k) && first <= last && last < 0x110000) << line;
+    for (unsigned cp = first; cp <= last; ++cp) hf[k][cp] = true;
+  }
+
+  Json vocab = Json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_level_char(b)] = b;
+  std::vector<char32_t> probes;
+  for (char32_t cp = 0; cp < 0x110000; ++cp) {
+    if ((cp < 0xD800 || cp > 0xDFFF) && cp != '!' && cp != ' ') probes.push_back(cp);
+  }
+  for (const auto& [k, pattern] : {std::pair{'L', "\\p{L}+"}, std::pair{'N', "\\p{N}+"}, std::pair{'S', "\\s+"}}) {
+    Json root = small_tokenizer();
+    root["normalizer"] = nullptr;
+    root["added_tokens"] = Json::array();
+    root["model"]["vocab"] = vocab;
+    root["model"]["merges"] = Json::array();
+    root["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", pattern}};
+    root["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
+    Result<Tokenizer> tokenizer = Tokenizer::from_json(root.dump());
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().to_string();
+    std::vector<char32_t> mismatches;
+    for (size_t b = 0; b < probes.size(); b += 4096) {
+      std::string text = "!";
+      std::vector<size_t> starts;
+      for (size_t i = b; i < std::min(probes.size(), b + 4096); ++i) {
+        starts.push_back(text.size());
+        append_utf8(text, probes[i]);
+        text += '!';
+      }
+      Result<Ids> ids = tokenizer->encode(text);
+      ASSERT_TRUE(ids.ok()) << ids.status().to_string();
+      std::vector<bool> piece_starts(text.size() + 1, false);
+      size_t pos = 0;
+      for (const int32_t id : *ids) {  // the text has no byte 0x20, so every id 32 is a prefix space
+        if (id == 32) {
+          piece_starts[pos] = true;
+        } else {
+          ++pos;
+        }
+      }
+      ASSERT_EQ(pos, text.size()) << "ids do not cover the probe text";
+      for (size_t j = 0; j < starts.size(); ++j) {
+        if (piece_starts[starts[j]] != hf[k][probes[b + j]]) mismatches.push_back(probes[b + j]);
+      }
+    }
+    std::ostringstream first;
+    for (size_t i = 0; i < std::min<size_t>(mismatches.size(), 10); ++i) first << " U+" << std::hex << mismatches[i];
+    EXPECT_TRUE(mismatches.empty()) << mismatches.size() << " code points classified differently from HF for "
+                                    << pattern << ", e.g." << first.str();
+  }
 }
 
 // HF normalizes only the text between added tokens, so the round trip gives NFC of each such piece. The

@@ -1,5 +1,5 @@
 // kev_runner: answer a Kev request with a model, or show how it is encoded.
-//   kev_runner --model DIR [--state TEXT | --state-file F] [--questions F.json] [--request F.json]
+//   kev_runner --model DIR [--base DIR] [--lora-scale S] [--state TEXT | --state-file F] [--questions F.json] [--request F.json]
 //              [--backend cpu|cuda|webgpu] [--max-prefix N] [--max-context N] [--truncate-states]
 //              [--json] [--report]
 //   kev_runner --encode-only [--model DIR | --tokenizer tokenizer.json] [same request options]
@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kev/kev.h"
+#include "model/checkpoint_import.h"
 #include "model/model_file.h"
 #include "text/demo.h"
 #include "text/encode.h"
@@ -86,7 +87,9 @@ int main(int argc, char** argv) {
   kev::Options options;
   int64_t max_prefix = 0, max_context = 0;
   bool json = false, report = false, encode_only = false;
-  app.add_option("--model", model_dir, "exported model directory (kev_export)");
+  app.add_option("--model", model_dir, "exported model directory (kev_export), or an upstream checkpoint (head.pt)");
+  app.add_option("--base", options.base_dir, "HF base model directory, for an upstream LoRA checkpoint");
+  app.add_option("--lora-scale", options.lora_scale, "LoRA scale s for an upstream checkpoint")->default_val(1.0);
   app.add_option("--tokenizer", tokenizer_path, "tokenizer.json for --encode-only without --model");
   app.add_option("--state", state, "state text");
   app.add_option("--state-file", state_file, "file holding the state text");
@@ -113,7 +116,10 @@ int main(int argc, char** argv) {
   kev::Limits limits;
   kev::SpecialIds model_ids{};
   bool have_model_ids = false;
-  if (!model_dir.empty()) {
+  if (!model_dir.empty() && kev::is_checkpoint_dir(model_dir)) {
+    // An upstream checkpoint loads with the default limits; its tokenizer is the base model's.
+    tokenizer_path = (options.base_dir.empty() ? model_dir : options.base_dir) + "/tokenizer.json";
+  } else if (!model_dir.empty()) {
     auto model = kev::read_model_file(model_dir);
     if (!model) return fail(model.status());
     limits = model->kev.limits;

@@ -4,11 +4,12 @@
 //
 //   npm install --prefix ~/.cache/kev-native/deps/hf-tokenizers tokenizers@0.23.2
 //   node reference/tokenizer/make_expected_hf_node.mjs [--deps DIR] [--tokenizer F] [--corpus F]
-//        [--out F] [--flags] [--bench SECONDS]
+//        [--out F] [--flags | --prefix-space] [--bench SECONDS]
 //
 // --flags: patch the tokenizer with tests/fixtures/tokenizer/flags_patch.json (added-token flags and
-// extra added tokens), read corpus_flags.jsonl and write expected_flags_qwen3.jsonl; the C++ test applies
-// the same patch. --bench times sequential awaited encode calls, so it includes per-call N-API/promise
+// extra added tokens), read corpus_flags.jsonl and write expected_flags_qwen3.jsonl. --prefix-space: set
+// the ByteLevel step's add_prefix_space, which makes every Split piece visible in the ids, and write
+// expected_prefix_space_qwen3.jsonl. The C++ test applies the same changes. --bench times sequential awaited encode calls, so it includes per-call N-API/promise
 // overhead and is not a measure of the Rust code alone.
 import { createRequire } from "node:module";
 import fs from "node:fs";
@@ -22,20 +23,22 @@ const fixtures = path.resolve(here, "..", "..", "tests", "fixtures", "tokenizer"
 function parse_args(argv) {
   const args = {
     deps: process.env.KEV_DEPS_DIR ?? path.join(os.homedir(), ".cache", "kev-native", "deps"),
-    tokenizer: null, corpus: null, out: null, flags: false, bench: 0,
+    tokenizer: null, corpus: null, out: null, flags: false, prefix_space: false, bench: 0,
   };
   for (let i = 2; i < argv.length; ++i) {
     const key = argv[i].replace(/^--/, "");
     if (key === "flags") { args.flags = true; continue; }
+    if (key === "prefix-space") { args.prefix_space = true; continue; }
     if (!(key in args) || i + 1 >= argv.length) {
-      console.error("usage: make_expected_hf_node.mjs [--deps DIR] [--tokenizer F] [--corpus F] [--out F] [--flags] [--bench S]");
+      console.error("usage: make_expected_hf_node.mjs [--deps DIR] [--tokenizer F] [--corpus F] [--out F] [--flags | --prefix-space] [--bench S]");
       process.exit(1);
     }
     args[key] = key === "bench" ? Number(argv[++i]) : argv[++i];
   }
   args.tokenizer ??= path.join(args.deps, "tokenizer-qwen3", "models", "tokenizer.json");
   args.corpus ??= path.join(fixtures, args.flags ? "corpus_flags.jsonl" : "corpus.jsonl");
-  args.out ??= path.join(fixtures, args.flags ? "expected_flags_qwen3.jsonl" : "expected_qwen3_hf.jsonl");
+  args.out ??= path.join(fixtures, args.flags ? "expected_flags_qwen3.jsonl"
+                                   : args.prefix_space ? "expected_prefix_space_qwen3.jsonl" : "expected_qwen3_hf.jsonl");
   return args;
 }
 
@@ -57,6 +60,7 @@ let tokenizer_json = JSON.parse(fs.readFileSync(args.tokenizer, "utf8"));
 if (args.flags) {
   tokenizer_json = apply_flags_patch(tokenizer_json, JSON.parse(fs.readFileSync(path.join(fixtures, "flags_patch.json"), "utf8")));
 }
+if (args.prefix_space) tokenizer_json.pre_tokenizer.pretokenizers[1].add_prefix_space = true;
 const tokenizer = Tokenizer.fromString(JSON.stringify(tokenizer_json));
 for (const t of tokenizer_json.added_tokens) {
   const id = tokenizer.tokenToId(t.content);

@@ -125,6 +125,33 @@ TEST(Golden, EncodingMatchesTheReferenceEncoder) {
   }
 }
 
+// Batch composition: every question of every request asked alone on the same prefix vs all together.
+// OpenBLAS's sgemm is not row-invariant (a row's result depends on how many rows share the call), so
+// this is FP reassociation, not bitwise equality (docs/numerics.md).
+TEST(Golden, QuestionsTogetherEqualQuestionsAlone) {
+  const json expected = read_json(kGolden + "/expected.json");
+  Exported model{export_fixture(kGolden + "/tiny", kGolden + "/tiny", "batch")};
+  auto engine = Engine::load(model.dir, {});
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  double worst = 0;
+  for (const json& r : expected["requests"]) {
+    auto request = parse_request(r["body"].dump());
+    ASSERT_TRUE(request.ok());
+    auto prefix = engine->prefill(request->state_text);
+    ASSERT_TRUE(prefix.ok());
+    auto together = engine->evaluate(*prefix, request->questions);
+    ASSERT_TRUE(together.ok());
+    for (size_t q = 0; q < request->questions.size(); ++q) {
+      auto alone = engine->evaluate(*prefix, {request->questions[q]});
+      ASSERT_TRUE(alone.ok());
+      for (size_t j = 0; j < alone->answers[0].probabilities.size(); ++j)
+        worst = std::max(worst, std::fabs(alone->answers[0].probabilities[j] - together->answers[q].probabilities[j]));
+    }
+  }
+  EXPECT_LE(worst, 1e-6);
+  std::printf("golden: questions together vs alone, max |Δp| = %.3g\n", worst);
+}
+
 // The reused state after the state pass (conv, recurrent, K/V) against HF's own cache.
 TEST(Golden, StateSnapshotMatchesHfCache) {
   const json expected = read_json(kGolden + "/expected.json");

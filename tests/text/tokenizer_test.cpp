@@ -144,6 +144,18 @@ TEST(TokenizerConformance, AddedTokenFlagsMatchHfTokenizers) {
   EXPECT_EQ(tokenizer->vocab_size(), 151673);
 }
 
+// With add_prefix_space every Split piece starts with its own "Ġ", so piece boundaries that happen to give
+// the same ids without it (e.g. around U+180E) are checked too.
+TEST(TokenizerConformance, PrefixSpaceVariantMatchesHfTokenizers) {
+  const std::string text = read_file(KEV_QWEN3_TOKENIZER);
+  ASSERT_FALSE(text.empty()) << "the Qwen3 tokenizer is required at " << KEV_QWEN3_TOKENIZER;
+  Json root = Json::parse(text);
+  root["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
+  Result<Tokenizer> tokenizer = Tokenizer::from_json(root.dump());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().to_string();
+  expect_corpus_matches(*tokenizer, "corpus.jsonl", "expected_prefix_space_qwen3.jsonl");
+}
+
 // GPT-2's byte -> code point map, written out again here so the test does not reuse the code it checks.
 std::string byte_level_char(int b) {
   const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
@@ -242,7 +254,7 @@ TEST(TokenizerConformance, RegexClassesMatchHfOnEveryCodePoint) {
       }
     }
     std::ostringstream first;
-    for (size_t i = 0; i < std::min<size_t>(mismatches.size(), 10); ++i) first << " U+" << std::hex << mismatches[i];
+    for (size_t i = 0; i < std::min<size_t>(mismatches.size(), 10); ++i) first << " U+" << std::hex << static_cast<uint32_t>(mismatches[i]);
     EXPECT_TRUE(mismatches.empty()) << mismatches.size() << " code points classified differently from HF for "
                                     << pattern << ", e.g." << first.str();
   }

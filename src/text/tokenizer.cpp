@@ -3,7 +3,8 @@
 //   1. added tokens whose `normalized` is false are split out of the raw text (leftmost-longest, with
 //      the single_word / lstrip / rstrip rules of AddedVocabulary::find_matches);
 //   2. every other piece is normalized (NFC), then tokens with `normalized` true are split out of it;
-//   3. the remaining pieces go through the pre-tokenizer steps (Split regexes, then ByteLevel);
+//   3. the remaining pieces go through the pre-tokenizer steps (Split regexes run by PCRE2 with their
+//      character classes aligned to HF's Oniguruma, then ByteLevel);
 //   4. each word is BPE-merged on its bytes, lowest merge rank first, leftmost on ties.
 // See docs/tokenizer.md for what is supported and how it was verified.
 #include "text/tokenizer.h"
@@ -294,11 +295,20 @@ class Regex {
     PCRE2_SIZE offset = 0;
     // PCRE2 refuses PCRE2_UCP together with PCRE2_LITERAL, and a literal has no classes to widen anyway.
     const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-    const std::string source = literal ? pattern : align_with_oniguruma(pattern);
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), options,
-                                     &error, &offset, nullptr);
-    KEV_CHECK(code != nullptr, ErrorCode::InvalidArtifact, what, " regex does not compile at offset ", offset,
-              ": ", pcre2_message(error));
+    const auto compile = [&](const std::string& source) {
+      return pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), options, &error, &offset,
+                           nullptr);
+    };
+    pcre2_code* code = compile(literal ? pattern : align_with_oniguruma(pattern));
+    if (code == nullptr) {
+      // Report the error against the file's own pattern, whose offsets the reader can look up.
+      pcre2_code* original = compile(pattern);
+      KEV_CHECK(original != nullptr, ErrorCode::InvalidArtifact, what, " regex does not compile at offset ", offset,
+                ": ", pcre2_message(error));
+      pcre2_code_free(original);
+      return Status(ErrorCode::Internal, cat(what, " regex stops compiling once its classes are aligned with "
+                                                   "Oniguruma: ", pcre2_message(error)));
+    }
     Regex r;
     r.code_.reset(code, CodeDeleter());
     // JIT is an optimisation only: where it is unavailable or fails, pcre2_match interprets the pattern
@@ -684,7 +694,8 @@ Status load_pre_tokenizer_step(const Json& step, const std::string& where, PreTo
     }
     return Status::success();
   }
-  return Status(ErrorCode::Unsupported, cat(where, " type '", type, "' is not supported (only Sequence, Split, ByteLevel)"));
+  return Status(ErrorCode::Unsupported,
+                cat(where, " type '", type, "' is not supported (only Sequence, Split, ByteLevel)"));
 }
 
 Status load_model(const Json& model, BpeModel& bpe, std::vector<std::string>& id_to_token) {
@@ -741,7 +752,8 @@ Status load_model(const Json& model, BpeModel& bpe, std::vector<std::string>& id
       if (line.rfind("#version", 0) == 0) continue;  // HF skips the header line of merges.txt
       const size_t space = line.find(' ');
       KEV_CHECK(space != std::string::npos && line.find(' ', space + 1) == std::string::npos,
-                ErrorCode::InvalidArtifact, "model.merges[", i, "] '", line, "' is not two tokens separated by one space");
+                ErrorCode::InvalidArtifact, "model.merges[", i, "] '", line,
+                "' is not two tokens separated by one space");
       left = line.substr(0, space);
       right = line.substr(space + 1);
     } else {
@@ -828,14 +840,16 @@ Result<std::shared_ptr<const Tokenizer::Impl>> Tokenizer::Impl::parse(const Json
   const auto normalizer = root.find("normalizer");
   if (normalizer != root.end() && !normalizer->is_null()) {
     const std::string type = type_of(*normalizer);
-    KEV_CHECK(type == "NFC", ErrorCode::Unsupported, "normalizer type '", type, "' is not supported (only NFC or null)");
+    KEV_CHECK(type == "NFC", ErrorCode::Unsupported, "normalizer type '", type,
+              "' is not supported (only NFC or null)");
     impl->normalize_nfc = true;
   }
 
   KEV_ASSIGN_OR_RETURN(const Json* pre, member(root, "pre_tokenizer", "tokenizer"));
   bool saw_byte_level = false;
   KEV_TRY(load_pre_tokenizer_step(*pre, "pre_tokenizer", impl->pre, saw_byte_level));
-  KEV_CHECK(saw_byte_level, ErrorCode::Unsupported, "pre_tokenizer has no ByteLevel step; only byte-level BPE is supported");
+  KEV_CHECK(saw_byte_level, ErrorCode::Unsupported,
+            "pre_tokenizer has no ByteLevel step; only byte-level BPE is supported");
 
   KEV_ASSIGN_OR_RETURN(const Json* decoder, member(root, "decoder", "tokenizer"));
   KEV_CHECK(!decoder->is_null() && type_of(*decoder) == "ByteLevel", ErrorCode::Unsupported, "decoder type '",

@@ -84,7 +84,8 @@ std::string ids_string(const Ids& ids) { return Json(ids).dump(); }
 Json small_tokenizer();
 
 // Encodes every corpus line and compares with the expected ids; reports the first mismatch in full.
-void expect_corpus_matches(const Tokenizer& tokenizer, const std::string& corpus_name, const std::string& expected_name) {
+void expect_corpus_matches(const Tokenizer& tokenizer, const std::string& corpus_name,
+                           const std::string& expected_name) {
   const std::vector<std::string> texts = read_corpus(corpus_name);
   const std::vector<Ids> expected = read_expected(expected_name);
   ASSERT_FALSE(texts.empty()) << "missing or empty fixture " << kFixtures << corpus_name;
@@ -254,7 +255,9 @@ TEST(TokenizerConformance, RegexClassesMatchHfOnEveryCodePoint) {
       }
     }
     std::ostringstream first;
-    for (size_t i = 0; i < std::min<size_t>(mismatches.size(), 10); ++i) first << " U+" << std::hex << static_cast<uint32_t>(mismatches[i]);
+    for (size_t i = 0; i < std::min<size_t>(mismatches.size(), 10); ++i) {
+      first << " U+" << std::hex << static_cast<uint32_t>(mismatches[i]);
+    }
     EXPECT_TRUE(mismatches.empty()) << mismatches.size() << " code points classified differently from HF for "
                                     << pattern << ", e.g." << first.str();
   }

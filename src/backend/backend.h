@@ -131,6 +131,9 @@ class Backend {
 struct BackendOptions {
   int threads = 0;              // CPU: worker threads (0 = hardware concurrency)
   bool reference_mode = false;  // CPU: plain loops, no BLAS, token-by-token GDN (the op-test yardstick)
+  // CPU FAST: matmul through the row-invariant GEMM (a row's bits do not depend on the other rows of
+  // the pass or on the thread count) instead of OpenBLAS sgemm (whose bits do).
+  bool row_invariant_matmul = true;
 };
 
 // Creates a backend by name ("cpu", ...). Unknown or unavailable backends are Unsupported errors that

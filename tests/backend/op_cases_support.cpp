@@ -110,6 +110,11 @@ void add_matmul(std::vector<OpCase>& cases) {
       {"strided", 40, 300, 130, true, 12, 5},
       {"one_row", 1, 1024, 300, false, 0, 0},
       {"k=0", 5, 0, 17, true, 0, 0},
+      // Row-invariant kernel edges: k off the 8-lane grid, m off the 4-column tiles and the 64-column
+      // blocks, n across several 3-row tiles and row blocks (63 rows at k = 1030, 18 at k = 3584).
+      {"ragged", 130, 1030, 67, true, 3, 2},
+      {"mlp_down_0.8b", 40, 3584, 1024, false, 0, 0},
+      {"tiny", 4, 5, 3, true, 1, 0},
   };
   for (const M& mm : table) {
     OpCase c{OpKind::Matmul,

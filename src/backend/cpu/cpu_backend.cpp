@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "backend/cpu/blas.h"
+#include "backend/cpu/matmul_row_invariant.h"
 #include "backend/cpu/ops.h"
 
 namespace kev {
@@ -56,7 +57,9 @@ Status check_transfer(const char* what, const Tensor& t, size_t bytes, bool chec
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, bool reference) : threads_(threads), reference_(reference), pool_(reference ? 1 : threads) {
+  CpuBackend(int threads, bool reference, bool row_invariant_matmul)
+      : threads_(threads), reference_(reference), row_invariant_matmul_(row_invariant_matmul),
+        pool_(reference ? 1 : threads) {
     if (!reference_) openblas_set_num_threads(threads_);
   }
 
@@ -65,6 +68,9 @@ class CpuBackend final : public Backend {
     bi.name = "cpu";
     bi.device = reference_ ? cat(arch_name(), ", 1 thread, reference mode (plain loops, no BLAS)")
                            : cat(arch_name(), ", ", threads_, threads_ == 1 ? " thread, " : " threads, ",
+                                 row_invariant_matmul_
+                                     ? cat("row-invariant matmul (", cpu::gemm_row_invariant_isa(), "), ")
+                                     : std::string(),
                                  openblas_get_config());
     bi.activation_dtype = DType::F32;
     return bi;
@@ -159,10 +165,11 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  Exec exec() { return Exec{pool_, reference_}; }
+  Exec exec() { return Exec{pool_, reference_, row_invariant_matmul_}; }
 
   int threads_;
   bool reference_;
+  bool row_invariant_matmul_;
   cpu::ThreadPool pool_;
 };
 
@@ -203,7 +210,8 @@ Result<std::shared_ptr<Backend>> create_cpu_backend(const BackendOptions& option
   if (threads == 0) threads = static_cast<int>(std::thread::hardware_concurrency());
   if (threads < 1) threads = 1;
   try {
-    return std::shared_ptr<Backend>(std::make_shared<CpuBackend>(threads, options.reference_mode));
+    return std::shared_ptr<Backend>(
+        std::make_shared<CpuBackend>(threads, options.reference_mode, options.row_invariant_matmul));
   } catch (const std::exception& ex) {
     return Status(ErrorCode::Device, cat("cpu backend: cannot start ", threads, " threads: ", ex.what()));
   }

@@ -17,6 +17,7 @@ namespace kev::cpu {
 struct Exec {
   ThreadPool& pool;
   bool reference;
+  bool row_invariant_matmul = true;  // BackendOptions::row_invariant_matmul
 };
 
 // Items per parallel block so that one block holds roughly 32k elementary operations: enough to

@@ -165,7 +165,8 @@ struct ModelInfo {
 
 class Engine {
  public:
-  // Loads an exported model directory (model.json + weights.safetensors + tokenizer.json).
+  // Loads an exported model directory (model.json + weights.safetensors + tokenizer.json), or an
+  // upstream Kev checkpoint directory (head.pt + LoRA adapter over options.base_dir, or full weights).
   static Result<Engine> load(const std::string& path, const Options& options);
 
   Engine(Engine&&) noexcept;

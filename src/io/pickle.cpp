@@ -43,8 +43,11 @@ PickleValue PickleValue::global(PickleGlobal g) {
 }
 PickleValue PickleValue::storage(std::shared_ptr<const TorchStorage> s) { return PickleValue(Variant(std::move(s))); }
 PickleValue PickleValue::tensor(std::shared_ptr<const TorchTensor> t) { return PickleValue(Variant(std::move(t))); }
+PickleValue PickleValue::opaque(std::string type) {
+  return PickleValue(Variant(std::make_shared<const PickleOpaque>(PickleOpaque{std::move(type)})));
+}
 
-const char* PickleValue::type_name() const {
+std::string PickleValue::type_name() const {
   switch (kind()) {
     case Kind::None:
       return "NoneType";
@@ -68,6 +71,8 @@ const char* PickleValue::type_name() const {
       return "storage";
     case Kind::Tensor:
       return "tensor";
+    case Kind::Opaque:
+      return if_opaque()->type;
   }
   return "unknown";
 }
@@ -102,6 +107,10 @@ const std::shared_ptr<const TorchStorage>* PickleValue::if_storage() const {
 const std::shared_ptr<const TorchTensor>* PickleValue::if_tensor() const {
   return std::get_if<std::shared_ptr<const TorchTensor>>(&v_);
 }
+const PickleOpaque* PickleValue::if_opaque() const {
+  const auto* p = std::get_if<std::shared_ptr<const PickleOpaque>>(&v_);
+  return p ? p->get() : nullptr;
+}
 double PickleValue::number() const {
   if (const int64_t* i = if_int()) return static_cast<double>(*i);
   if (const double* d = if_float()) return *d;
@@ -129,6 +138,8 @@ Result<std::string> canonical_key(const PickleValue& key) {
               " bytes; at most ", PickleDict::kMaxKeyBytes, " are accepted");
     return "S" + *s;
   }
+  // Python compares such objects by rules this reader does not know; identity keeps them apart.
+  if (const PickleOpaque* o = key.if_opaque()) return cat("O", static_cast<const void*>(o));
   return Status(ErrorCode::InvalidArtifact, cat("dict key of type ", key.type_name(), " is not supported"));
 }
 
@@ -354,16 +365,31 @@ class PickleMachine {
   Status global(std::string module, std::string name) {
     if (!plausible_name(module) || !plausible_name(name)) return fail("malformed global name");
     PickleGlobal g{std::move(module), std::move(name)};
-    if (!hooks_.check_global) {
-      return fail(cat("pickle references ", g.qualified(), "; no globals are allowed here"));
-    }
-    KEV_TRY(hooks_.check_global(g));
-    return push(PickleValue::global(std::move(g)));
+    if (hooks_.allow_global && hooks_.allow_global(g)) return push(PickleValue::global(std::move(g)));
+    return push(PickleValue::opaque(g.qualified()));
   }
 
   Status string_of_length(uint64_t n) {
     KEV_ASSIGN_OR_RETURN(std::span<const uint8_t> b, take(n));
     return push(PickleValue::string(std::string(b.begin(), b.end())));
+  }
+  // Bytes are read for bounds and dropped: no caller needs their contents.
+  Status bytes_of_length(uint64_t n) {
+    KEV_TRY(take(n));
+    return push(PickleValue::opaque("builtins.bytes"));
+  }
+
+  // NEWOBJ / NEWOBJ_EX: cls.__new__(cls, *args[, **kwargs]) with `n_args` argument values on top.
+  Status new_object(size_t n_args) {
+    KEV_TRY(need(n_args + 1));
+    stack_.resize(stack_.size() - n_args);
+    const PickleValue& cls = stack_.back();
+    if (cls.if_opaque() == nullptr) {
+      return fail(cat("creates an object of ", cls.if_global() ? cls.if_global()->qualified() : cls.type_name(),
+                      "; not allowed here"));
+    }
+    stack_.back() = PickleValue::opaque(cls.type_name());
+    return Status::success();
   }
 
   Status step() {
@@ -407,8 +433,9 @@ class PickleMachine {
         KEV_ASSIGN_OR_RETURN(uint64_t v, take_le(2));
         return push(PickleValue::integer(static_cast<int64_t>(v)));
       }
-      case 0x8a: {  // LONG1: n-byte little-endian two's complement
-        KEV_ASSIGN_OR_RETURN(uint64_t n, take_le(1));
+      case 0x8a:    // LONG1: n-byte little-endian two's complement
+      case 0x8b: {  // LONG4: the same with a 4-byte length
+        KEV_ASSIGN_OR_RETURN(uint64_t n, take_le(op_ == 0x8a ? 1 : 4));
         if (n > 8) return fail(cat("integer of ", n, " bytes does not fit in 64 bits"));
         KEV_ASSIGN_OR_RETURN(uint64_t v, take_le(static_cast<size_t>(n)));
         if (n > 0 && n < 8 && (v >> (8 * n - 1)) != 0) v |= ~uint64_t{0} << (8 * n);  // sign-extend
@@ -432,6 +459,35 @@ class PickleMachine {
         KEV_ASSIGN_OR_RETURN(uint64_t n, take_le(8));
         return string_of_length(n);
       }
+      case 'C': {
+        KEV_ASSIGN_OR_RETURN(uint64_t n, take_le(1));
+        return bytes_of_length(n);
+      }
+      case 'B': {
+        KEV_ASSIGN_OR_RETURN(uint64_t n, take_le(4));
+        return bytes_of_length(n);
+      }
+      case 0x8e: {
+        KEV_ASSIGN_OR_RETURN(uint64_t n, take_le(8));
+        return bytes_of_length(n);
+      }
+      case 0x8f:
+        return push(PickleValue::opaque("builtins.set"));
+      case 0x90: {  // ADDITEMS: the items are dropped with the set's contents
+        KEV_TRY(pop_mark());
+        KEV_TRY(need(1));
+        const PickleOpaque* set = stack_.back().if_opaque();
+        if (set == nullptr || set->type != "builtins.set")
+          return fail(cat("adds items to a value of type ", stack_.back().type_name(), ", not a set"));
+        return Status::success();
+      }
+      case 0x91:
+        KEV_TRY(pop_mark());
+        return push(PickleValue::opaque("builtins.frozenset"));
+      case 0x81:
+        return new_object(1);
+      case 0x92:
+        return new_object(2);
       case ')':
         return push_tuple({});
       case ']':
@@ -455,6 +511,7 @@ class PickleMachine {
       case 'a': {
         KEV_TRY(need(2));
         PickleValue item = pop();
+        if (stack_.back().if_opaque()) return Status::success();  // a list subclass: contents dropped
         PickleList* l = list_at_top();
         if (l == nullptr) return fail(cat("appends to a value of type ", stack_.back().type_name(), ", not a list"));
         l->items.push_back(std::move(item));
@@ -463,6 +520,7 @@ class PickleMachine {
       case 'e': {
         KEV_ASSIGN_OR_RETURN(std::vector<PickleValue> items, pop_mark());
         KEV_TRY(need(1));
+        if (stack_.back().if_opaque()) return Status::success();
         PickleList* l = list_at_top();
         if (l == nullptr) return fail(cat("appends to a value of type ", stack_.back().type_name(), ", not a list"));
         std::move(items.begin(), items.end(), std::back_inserter(l->items));
@@ -472,6 +530,7 @@ class PickleMachine {
         KEV_TRY(need(3));
         PickleValue value = pop();
         PickleValue key = pop();
+        if (stack_.back().if_opaque()) return Status::success();  // a dict subclass (defaultdict, ...)
         PickleDict* d = dict_at_top();
         if (d == nullptr)
           return fail(cat("sets an item on a value of type ", stack_.back().type_name(), ", not a dict"));
@@ -482,6 +541,7 @@ class PickleMachine {
         KEV_ASSIGN_OR_RETURN(std::vector<PickleValue> items, pop_mark());
         KEV_TRY(need(1));
         if (items.size() % 2 != 0) return fail(cat("has ", items.size(), " values, not key/value pairs"));
+        if (stack_.back().if_opaque()) return Status::success();
         PickleDict* d = dict_at_top();
         if (d == nullptr) return fail(cat("sets items on a value of type ", stack_.back().type_name(), ", not a dict"));
         for (size_t i = 0; i < items.size(); i += 2) {
@@ -527,6 +587,10 @@ class PickleMachine {
       case 'R': {
         KEV_TRY(need(2));
         PickleValue args = pop();
+        if (stack_.back().if_opaque()) {
+          stack_.back() = PickleValue::opaque(stack_.back().type_name());
+          return Status::success();
+        }
         const PickleGlobal* callable = stack_.back().if_global();
         if (callable == nullptr)
           return fail(cat("calls a value of type ", stack_.back().type_name(), ", not a global"));
@@ -539,6 +603,7 @@ class PickleMachine {
       case 'b': {
         KEV_TRY(need(2));
         PickleValue state = pop();
+        if (stack_.back().if_opaque()) return Status::success();
         if (!hooks_.build)
           return fail(cat("sets the state of a value of type ", stack_.back().type_name(), "; not allowed here"));
         return hooks_.build(stack_.back(), state);

@@ -1,23 +1,29 @@
 // A bounded, non-executing reader for the subset of Python's pickle format that torch.save writes
-// (protocol 2, plus the protocol 4 framing opcodes): None, bools, 64-bit ints, floats, str, tuples,
-// lists, dicts, references to globals, persistent ids and REDUCE/BUILD calls.
+// (protocols 2-5 without out-of-band buffers): None, bools, 64-bit ints, floats, str, tuples, lists,
+// dicts, references to globals, persistent ids and REDUCE/NEWOBJ/BUILD calls; bytes, sets and
+// frozensets are read and kept only as opaque objects.
 //
-//   kev::PickleHooks hooks;                        // nothing allowed: any GLOBAL is an error
+//   kev::PickleHooks hooks;                        // nothing allowed: every global is opaque
 //   KEV_ASSIGN_OR_RETURN(kev::PickleValue v, kev::unpickle(bytes, hooks));
 //   if (const kev::PickleDict* d = v.if_dict())
 //     if (const kev::PickleValue* x = d->find("temperature")) ...
 //
-// Nothing is ever imported or called. GLOBAL/STACK_GLOBAL only produce a PickleGlobal value after
-// hooks.check_global accepts it; REDUCE, BUILD and BINPERSID are handed to the caller's hooks, which
-// build plain values (torch_checkpoint.h supplies hooks for tensors). Without a hook the opcode is an
-// error that names what the pickle asked for.
+// Nothing is ever imported or called. A GLOBAL/STACK_GLOBAL that hooks.allow_global accepts becomes
+// a PickleGlobal value, and REDUCE on it, BUILD and BINPERSID are handed to the caller's hooks, which
+// build plain values (torch_checkpoint.h supplies hooks for tensors); without a hook those opcodes
+// are an error that names what the pickle asked for. Any other global becomes an inert opaque
+// object (Kind::Opaque) that records its qualified name: REDUCE, NEWOBJ and NEWOBJ_EX on it yield
+// another opaque object of that name, and BUILD, APPEND(S) and SETITEM(S) on it drop what they
+// add (list and dict subclasses such as defaultdict pickle that way), so files that carry arbitrary
+// Python objects (argparse.Namespace, pathlib paths, numpy scalars) load, those values unusable.
 //
 // Contracts:
 // - Values have Python's reference semantics: a list or dict fetched from the memo is the same
 //   object, so later SETITEMS on it are visible everywhere. Values are cheap to copy.
 // - Every read is checked against the remaining bytes; stack, mark and memo sizes, nesting depth
 //   and dict key sizes are bounded (PickleLimits). A result never refers to itself and nests at
-//   most limits.max_depth deep, so callers may walk it recursively.
+//   most limits.max_depth deep, so callers may walk it recursively. The arguments and state that
+//   an opaque object swallows are parsed under the same bounds and then dropped.
 // - Errors are ErrorCode::InvalidArtifact (or whatever a hook returns) and name the opcode and the
 //   byte offset. Trailing bytes after STOP are ignored, as Python does.
 #pragma once
@@ -42,6 +48,7 @@ struct TorchStorage;  // torch_checkpoint.h
 struct TorchTensor;   // torch_checkpoint.h
 struct PickleTuple;
 struct PickleList;
+struct PickleOpaque;
 class PickleDict;
 
 // A reference to a Python global such as "collections"."OrderedDict". Holding one runs nothing.
@@ -53,7 +60,7 @@ struct PickleGlobal {
 
 class PickleValue {
  public:
-  enum class Kind { None, Bool, Int, Float, String, Tuple, List, Dict, Global, Storage, Tensor };
+  enum class Kind { None, Bool, Int, Float, String, Tuple, List, Dict, Global, Storage, Tensor, Opaque };
 
   PickleValue() = default;  // None
   static PickleValue boolean(bool b);
@@ -67,11 +74,13 @@ class PickleValue {
   static PickleValue global(PickleGlobal g);
   static PickleValue storage(std::shared_ptr<const TorchStorage> s);
   static PickleValue tensor(std::shared_ptr<const TorchTensor> t);
+  // An object this reader does not represent, of the Python type `type` (e.g. "argparse.Namespace").
+  static PickleValue opaque(std::string type);
 
   Kind kind() const { return static_cast<Kind>(v_.index()); }
   // The Python-side type, for messages: "NoneType", "bool", "int", "float", "str", "tuple", "list",
-  // "dict", "global", "storage", "tensor".
-  const char* type_name() const;
+  // "dict", "global", "storage", "tensor", or an opaque object's qualified type name.
+  std::string type_name() const;
 
   bool is_none() const { return kind() == Kind::None; }
   // Each returns nullptr when the value is of another kind. if_int() is false for bools (pickle
@@ -88,6 +97,7 @@ class PickleValue {
   const std::vector<PickleValue>* if_list() const;
   const std::shared_ptr<const TorchStorage>* if_storage() const;
   const std::shared_ptr<const TorchTensor>* if_tensor() const;
+  const PickleOpaque* if_opaque() const;
   // An int or a float, as a double (ints are converted exactly up to 2^53).
   bool is_number() const { return kind() == Kind::Int || kind() == Kind::Float; }
   double number() const;
@@ -97,7 +107,8 @@ class PickleValue {
   using Variant = std::variant<std::monostate, bool, int64_t, double, std::shared_ptr<const std::string>,
                                std::shared_ptr<const PickleTuple>, std::shared_ptr<PickleList>,
                                std::shared_ptr<PickleDict>, std::shared_ptr<const PickleGlobal>,
-                               std::shared_ptr<const TorchStorage>, std::shared_ptr<const TorchTensor>>;
+                               std::shared_ptr<const TorchStorage>, std::shared_ptr<const TorchTensor>,
+                               std::shared_ptr<const PickleOpaque>>;
   explicit PickleValue(Variant v) : v_(std::move(v)) {}
   Variant v_;
 };
@@ -109,6 +120,13 @@ struct PickleTuple {
 
 struct PickleList {
   std::vector<PickleValue> items;
+};
+
+// What is left of an object the reader does not build: its type. Bytes are "builtins.bytes", sets
+// "builtins.set" and "builtins.frozenset"; an unknown global and whatever is made from it carry the
+// global's qualified name.
+struct PickleOpaque {
+  std::string type;
 };
 
 // An insertion-ordered dict (Python 3.7+ dicts and OrderedDict alike).
@@ -140,15 +158,18 @@ struct PickleLimits {
   size_t max_depth = 64;               // container nesting of any value
 };
 
-// Caller policy for the opcodes that would run code in Python. Unset hooks refuse their opcode.
+// Caller policy for the opcodes that would run code in Python. Unset hooks refuse their opcode,
+// except allow_global, whose absence makes every global opaque.
 struct PickleHooks {
-  // GLOBAL / STACK_GLOBAL: ok to push the reference, or an error naming it.
-  std::function<Status(const PickleGlobal& g)> check_global;
-  // REDUCE: the value `callable(*args)` stands for. `args` is whatever the pickle put there (usually
+  // GLOBAL / STACK_GLOBAL: true pushes a PickleGlobal reference (whose REDUCE goes to `reduce`);
+  // false pushes an opaque object named after it.
+  std::function<bool(const PickleGlobal& g)> allow_global;
+  // REDUCE on an allowed global: the value `callable(*args)` stands for. `args` is whatever the pickle put there (usually
   // a tuple); it may be deep or self-referencing, so inspect only the parts you need. The result may
   // hold a new list or dict only at its top level.
   std::function<Result<PickleValue>(const PickleGlobal& callable, const PickleValue& args)> reduce;
-  // BUILD (obj.__setstate__(state)): ok leaves `object` as it is; the state is not stored.
+  // BUILD (obj.__setstate__(state)) on anything but an opaque object: ok leaves `object` as it is;
+  // the state is not stored.
   std::function<Status(const PickleValue& object, const PickleValue& state)> build;
   // BINPERSID: the value a persistent id refers to (torch: a storage).
   std::function<Result<PickleValue>(const PickleValue& pid)> persistent_load;

@@ -216,19 +216,17 @@ bool is_global(const PickleGlobal& g, std::string_view module, std::string_view 
   return g.module == module && g.name == name;
 }
 
-Status check_global(const PickleGlobal& g) {
+bool allow_global(const PickleGlobal& g) {
   if (is_global(g, "collections", "OrderedDict") || is_global(g, "torch._utils", "_rebuild_tensor_v2") ||
       is_global(g, "torch._utils", "_rebuild_parameter") || storage_dtype(g)) {
-    return Status::success();
+    return true;
   }
   if (g.module == "torch") {
     for (std::string_view name : kDtypeNames) {
-      if (g.name == name) return Status::success();
+      if (g.name == name) return true;
     }
   }
-  return Status(ErrorCode::InvalidArtifact,
-                cat("pickle references ", g.qualified(),
-                    ", which a checkpoint of tensors and plain values never needs; refusing to load it"));
+  return false;
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {
@@ -429,7 +427,7 @@ class CheckpointReader {
 
   PickleHooks hooks() {
     PickleHooks h;
-    h.check_global = check_global;
+    h.allow_global = allow_global;
     h.reduce = [this](const PickleGlobal& g, const PickleValue& args) { return reduce(g, args); };
     h.build = [](const PickleValue& object, const PickleValue&) -> Status {
       // OrderedDicts from state_dict() carry a `_metadata` attribute; it is not data.
@@ -472,15 +470,17 @@ class CheckpointReader {
   Result<PickleValue> load_storage(const PickleValue& pid) {
     const std::vector<PickleValue>* p = pid.if_tuple();
     const bool shaped = p != nullptr && p->size() == 5 && (*p)[0].if_string() && *(*p)[0].if_string() == "storage" &&
-                        (*p)[1].if_global() && (*p)[2].if_string() && (*p)[3].if_string() && (*p)[4].if_int();
+                        ((*p)[1].if_global() || (*p)[1].if_opaque()) && (*p)[2].if_string() && (*p)[3].if_string() &&
+                        (*p)[4].if_int();
     KEV_CHECK(shaped, ErrorCode::InvalidArtifact,
               "pickle has a persistent id that is not (\"storage\", type, key, location, numel)");
-    const PickleGlobal& type = *(*p)[1].if_global();
     const std::string& key = *(*p)[2].if_string();
     const int64_t numel = *(*p)[4].if_int();
-    const std::optional<TorchDtype> dtype = storage_dtype(type);
-    KEV_CHECK(dtype, ErrorCode::InvalidArtifact, "storage '", key, "' has type ", type.qualified(),
-              ", which is not a storage class");
+    // A storage class off the allow-list arrives as an opaque object.
+    const PickleGlobal* type = (*p)[1].if_global();
+    const std::optional<TorchDtype> dtype = type ? storage_dtype(*type) : std::nullopt;
+    KEV_CHECK(dtype, ErrorCode::InvalidArtifact, "storage '", key, "' has type ",
+              type ? type->qualified() : (*p)[1].type_name(), ", which is not a supported storage class");
     KEV_CHECK(!key.empty() && key.find('/') == std::string::npos, ErrorCode::InvalidArtifact, "storage key '", key,
               "' is not a plain entry name");
     const size_t elem = torch_dtype_size(*dtype);

@@ -13,9 +13,12 @@
 // ("storage", torch.<Type>Storage, key, location, numel).
 //
 // Contracts:
-// - Only an allow-list of globals may appear: collections.OrderedDict, torch._utils._rebuild_tensor_v2
+// - Only an allow-list of globals is understood: collections.OrderedDict, torch._utils._rebuild_tensor_v2
 //   and _rebuild_parameter, the torch.<Type>Storage classes of TorchDtype and the torch dtypes. Any
-//   other global (os.system, builtins.eval, a user class) is an InvalidArtifact error naming it.
+//   other global (os.system, argparse.Namespace, numpy.dtype, a user class) and whatever the pickle
+//   builds from it is an inert opaque value naming it (pickle.h), so training extras load; nothing
+//   is imported or called. Tensors are still built only by _rebuild_tensor_v2 from a storage of an
+//   allowed class, strictly checked; an opaque value where a tensor part belongs is an error.
 // - Storage entries must be stored uncompressed, as torch writes them, and hold exactly numel times
 //   the element size; every tensor view lies inside its storage and has at most as many elements.
 //   So memory use is bounded by the file size.

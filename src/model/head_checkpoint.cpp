@@ -24,7 +24,13 @@ bool is_known_key(std::string_view key) {
   return false;
 }
 
+// Opaque objects (an argparse.Namespace, a numpy scalar) say so, since their "type" is a Python class.
 Status wrong_type(std::string_view key, const PickleValue& v, const char* expected) {
+  if (v.if_opaque()) {
+    return Status(ErrorCode::InvalidArtifact,
+                  cat("'", key, "' is a ", v.type_name(), " object, which this reader does not decode; expected ",
+                      expected));
+  }
   return Status(ErrorCode::InvalidArtifact, cat("'", key, "' has type ", v.type_name(), "; expected ", expected));
 }
 
@@ -75,7 +81,7 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 Result<HostTensor> read_head_tensor(const PickleDict& head, std::string_view name) {
   const PickleValue* v = head.find(name);
   KEV_CHECK(v != nullptr, ErrorCode::InvalidArtifact, "'head' has no '", name, "' tensor");
-  KEV_CHECK(v->if_tensor(), ErrorCode::InvalidArtifact, "'head.", name, "' has type ", v->type_name(), ", not tensor");
+  if (!v->if_tensor()) return wrong_type(cat("head.", name), *v, "tensor");
   const TorchTensor& t = **v->if_tensor();
   KEV_CHECK(t.dtype == TorchDtype::Float32 || t.dtype == TorchDtype::BFloat16 || t.dtype == TorchDtype::Float16,
             ErrorCode::InvalidArtifact, "'head.", name, "' is ", torch_dtype_name(t.dtype),

@@ -15,7 +15,9 @@
 // - option_isolation or special_embeddings set to true is Unsupported: released Kevs never set them.
 // - A key missing or set to None takes the default below. Known keys of the wrong type are
 //   InvalidArtifact; unknown top-level keys (temperature_fit, training args, ...) are listed in
-//   extra_keys, in file order, and otherwise ignored.
+//   extra_keys, in file order, and otherwise ignored. Python objects the reader does not know
+//   (argparse.Namespace, paths, numpy scalars) load as inert opaque values — nothing is executed: under
+//   unknown keys they are ignored, under known keys they are InvalidArtifact naming their Python type.
 #pragma once
 
 #include <cstdint>

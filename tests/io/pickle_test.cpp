@@ -1,5 +1,6 @@
 // The pickle VM on hand-assembled opcode streams: every supported opcode, Python's reference
-// semantics, and malformed or hostile input (truncation, underflow, cycles, deep nesting, limits).
+// semantics, opaque objects for unknown globals (and proof that nothing runs), and malformed or
+// hostile input (truncation, underflow, cycles, deep nesting, limits).
 
 #include "io/pickle.h"
 
@@ -8,10 +9,13 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "io/temp_dir.h"
 
 namespace kev {
 namespace {
@@ -192,18 +196,19 @@ TEST(Pickle, FramePopAndTrailingBytes) {
 
 // ---- globals and the hooks ----
 
-TEST(Pickle, GlobalsNeedAnAllowList) {
-  EXPECT_CONTAINS(fails(proto(2) + global("os", "system") + unicode("echo hi") + kTuple1 + kReduce + stop()),
-                  "pickle references os.system; no globals are allowed here");
+TEST(Pickle, GlobalsOffTheAllowListAreOpaque) {
+  const PickleValue call = ok(proto(2) + global("os", "system") + unicode("echo hi") + kTuple1 + kReduce + stop());
+  ASSERT_NE(call.if_opaque(), nullptr);
+  EXPECT_EQ(call.kind(), PickleValue::Kind::Opaque);
+  EXPECT_EQ(call.if_opaque()->type, "os.system");
+  EXPECT_EQ(call.type_name(), "os.system");
+  EXPECT_EQ(call.if_global(), nullptr);
 
   PickleHooks hooks;
-  hooks.check_global = [](const PickleGlobal& g) {
-    return g.qualified() == "collections.OrderedDict" ? Status::success()
-                                                      : Status(ErrorCode::InvalidArtifact, "refused " + g.qualified());
-  };
-  EXPECT_CONTAINS(fails(proto(2) + global("builtins", "eval") + stop(), hooks), "refused builtins.eval");
-  EXPECT_CONTAINS(fails(proto(4) + short_unicode("os") + short_unicode("system") + kStackGlobal + stop(), hooks),
-                  "refused os.system");
+  hooks.allow_global = [](const PickleGlobal& g) { return g.qualified() == "collections.OrderedDict"; };
+  EXPECT_EQ(ok(proto(2) + global("builtins", "eval") + stop(), hooks).if_opaque()->type, "builtins.eval");
+  EXPECT_EQ(ok(proto(4) + short_unicode("os") + short_unicode("system") + kStackGlobal + stop(), hooks).if_opaque()->type,
+            "os.system");
 
   const PickleValue g =
       ok(proto(4) + short_unicode("collections") + short_unicode("OrderedDict") + kStackGlobal + stop(), hooks);
@@ -248,6 +253,100 @@ TEST(Pickle, BuildAndPersistentIdNeedHooks) {
   EXPECT_EQ(*ok(proto(2) + unicode("7") + kBinPersId + stop(), hooks).if_string(), "loaded 7");
 }
 
+// ---- opaque objects ----
+
+const std::string kNewObj = op(0x81), kNewObjEx = op(0x92), kEmptySet = op(0x8f), kAddItems = op(0x90),
+                  kFrozenSet = op(0x91);
+
+TEST(Pickle, CallsAndStateOnOpaqueObjectsStayOpaque) {
+  // argparse.Namespace via copyreg.__newobj__ and a state dict, as protocol 2 writes it.
+  const std::string ns = global("argparse", "Namespace") + kEmptyTuple + kNewObj + kEmptyDict + mark() + unicode("lr") +
+                         binfloat(1e-4) + unicode("out") + global("pathlib", "PosixPath") + unicode("/") +
+                         unicode("x") + kTuple2 + kReduce + kSetItems + kBuild;
+  const PickleValue v = ok(proto(2) + ns + stop());
+  ASSERT_NE(v.if_opaque(), nullptr);
+  EXPECT_EQ(v.if_opaque()->type, "argparse.Namespace");
+
+  // NEWOBJ_EX(cls, args, kwargs), and BUILD with a (dict, slots) state.
+  const PickleValue ex = ok(proto(4) + global("m", "C") + kEmptyTuple + kEmptyDict + kNewObjEx + kNone + kEmptyDict +
+                            kTuple2 + kBuild + stop());
+  EXPECT_EQ(ex.if_opaque()->type, "m.C");
+
+  // An opaque object inside plain containers leaves them intact.
+  const PickleValue d =
+      ok(proto(2) + kEmptyDict + unicode("args") + ns + kSetItem + unicode("k") + binint1(3) + kSetItem + stop());
+  EXPECT_EQ(d.if_dict()->find("args")->type_name(), "argparse.Namespace");
+  EXPECT_EQ(*d.if_dict()->find("k")->if_int(), 3);
+
+  // Dict and list subclasses (defaultdict(list, {"a": [1]})) add their items after REDUCE.
+  const PickleValue dd = ok(proto(2) + global("collections", "defaultdict") + global("builtins", "list") + kTuple1 +
+                            kReduce + unicode("a") + kEmptyList + binint1(1) + kAppend + kSetItem + mark() +
+                            unicode("b") + kNone + kSetItems + stop());
+  EXPECT_EQ(dd.type_name(), "collections.defaultdict");
+  EXPECT_EQ(ok(proto(2) + global("m", "L") + kEmptyTuple + kNewObj + binint1(1) + kAppend + mark() + kNone +
+               kAppends + stop())
+                .type_name(),
+            "m.L");
+
+  // Only opaque classes can be instantiated: an allowed global still needs the reduce hook.
+  PickleHooks hooks;
+  hooks.allow_global = [](const PickleGlobal&) { return true; };
+  EXPECT_CONTAINS(fails(proto(2) + global("collections", "OrderedDict") + kEmptyTuple + kNewObj + stop(), hooks),
+                  "creates an object of collections.OrderedDict; not allowed here");
+  EXPECT_CONTAINS(fails(proto(2) + unicode("s") + kEmptyTuple + kNewObj + stop()), "creates an object of str");
+  EXPECT_CONTAINS(fails(proto(4) + global("m", "C") + kEmptyTuple + kNewObjEx + stop()), "needs 3 values");
+  // Arguments are parsed with every bound: a truncation in them still fails.
+  EXPECT_CONTAINS(fails(proto(2) + global("m", "f") + kEmptyList + "X" + le(100, 4) + "ab"), "truncated?");
+}
+
+TEST(Pickle, BytesSetsAndLong4) {
+  EXPECT_EQ(ok(proto(3) + "C" + le(3, 1) + "abc" + stop()).type_name(), "builtins.bytes");
+  EXPECT_EQ(ok(proto(3) + "B" + le(2, 4) + "ab" + stop()).type_name(), "builtins.bytes");
+  EXPECT_EQ(ok(proto(4) + op(0x8e) + le(1, 8) + "a" + stop()).type_name(), "builtins.bytes");
+  EXPECT_CONTAINS(fails(proto(3) + "B" + le(0xffffffffu, 4) + "ab" + stop()), "needs 4294967295 more bytes");
+  EXPECT_CONTAINS(fails(proto(4) + op(0x8e) + le(uint64_t{1} << 62, 8) + stop()), "more bytes");
+
+  EXPECT_EQ(ok(proto(4) + kEmptySet + mark() + binint1(1) + unicode("a") + kAddItems + stop()).type_name(),
+            "builtins.set");
+  EXPECT_EQ(ok(proto(4) + mark() + binint1(1) + kFrozenSet + stop()).type_name(), "builtins.frozenset");
+  EXPECT_CONTAINS(fails(proto(4) + kEmptyList + mark() + binint1(1) + kAddItems + stop()),
+                  "adds items to a value of type list, not a set");
+  EXPECT_CONTAINS(fails(proto(4) + kEmptySet + kAddItems + stop()), "no MARK to pop to");
+
+  EXPECT_EQ(*ok(proto(2) + op(0x8b) + le(2, 4) + std::string("\x00\x01", 2) + stop()).if_int(), 256);
+  EXPECT_EQ(*ok(proto(2) + op(0x8b) + le(1, 4) + "\xff" + stop()).if_int(), -1);
+  EXPECT_CONTAINS(fails(proto(2) + op(0x8b) + le(0xffffffffu, 4) + stop()), "4294967295 bytes does not fit in 64 bits");
+
+  // Opaque keys are told apart by identity; the dict stays usable.
+  const PickleValue keyed = ok(proto(4) + kEmptyDict + mark() + "C" + le(1, 1) + "k" + binint1(1) + "C" + le(1, 1) +
+                               "k" + binint1(2) + unicode("s") + binint1(3) + kSetItems + stop());
+  ASSERT_EQ(keyed.if_dict()->size(), 3u);
+  EXPECT_EQ(*keyed.if_dict()->find("s")->if_int(), 3);
+}
+
+TEST(Pickle, NothingIsExecuted) {
+  testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::filesystem::path marker = dir.path("marker");
+  const std::string command = "touch " + marker.string();
+  // os.system(command) through GLOBAL, and builtins.exec / subprocess.call through STACK_GLOBAL.
+  const std::string calls =
+      proto(4) + mark() + global("os", "system") + unicode(command) + kTuple1 + kReduce + short_unicode("builtins") +
+      short_unicode("exec") + kStackGlobal + unicode("open('" + marker.string() + "', 'w')") + kTuple1 + kReduce +
+      short_unicode("subprocess") + short_unicode("call") + kStackGlobal + unicode("touch") + unicode(marker.string()) +
+      kTuple2 + kTuple1 + kReduce + kTuple + stop();
+  PickleHooks allow_everything;  // even an allowed global only reaches the caller's (unset) reduce hook
+  allow_everything.allow_global = [](const PickleGlobal&) { return true; };
+  const PickleValue v = ok(calls);
+  ASSERT_NE(v.if_tuple(), nullptr);
+  ASSERT_EQ(v.if_tuple()->size(), 3u);
+  EXPECT_EQ((*v.if_tuple())[0].type_name(), "os.system");
+  EXPECT_EQ((*v.if_tuple())[1].type_name(), "builtins.exec");
+  EXPECT_EQ((*v.if_tuple())[2].type_name(), "subprocess.call");
+  EXPECT_CONTAINS(fails(calls, allow_everything), "calls os.system; no calls are allowed here");
+  EXPECT_FALSE(std::filesystem::exists(marker)) << marker << " was created: the pickle ran code";
+}
+
 // ---- malformed input ----
 
 TEST(Pickle, EveryTruncationFails) {
@@ -286,7 +385,7 @@ TEST(Pickle, UnknownAndUnsupportedOpcodesAreNamed) {
   EXPECT_CONTAINS(fails(proto(2) + op(0xff) + stop()), "(0xff) at byte 2: not a pickle opcode");
   EXPECT_CONTAINS(fails(proto(2) + kEmptyTuple + op(0x81) + stop()), "NEWOBJ (0x81) at byte 3");
   EXPECT_CONTAINS(fails(proto(2) + "I42\n" + stop()), "INT (0x49)");
-  EXPECT_CONTAINS(fails(proto(2) + "C" + le(1, 1) + "b" + stop()), "SHORT_BINBYTES");
+  EXPECT_CONTAINS(fails(proto(5) + op(0x97) + stop()), "NEXT_BUFFER (0x97)");
 }
 
 TEST(Pickle, SelfReferenceIsRefused) {

@@ -12,6 +12,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/temp_dir.h"
@@ -141,10 +142,8 @@ TEST_P(TorchCheckpointRefuses, WithAClearError) {
 INSTANTIATE_TEST_SUITE_P(
     HandMade, TorchCheckpointRefuses,
     ::testing::Values(
-        BadFile{"global_os_system.pt", ErrorCode::InvalidArtifact,
-                "pickle references os.system, which a checkpoint of tensors and plain values never needs"},
-        BadFile{"global_builtins_eval.pt", ErrorCode::InvalidArtifact, "pickle references builtins.eval"},
-        BadFile{"complex_storage.pt", ErrorCode::InvalidArtifact, "pickle references torch.ComplexFloatStorage"},
+        BadFile{"complex_storage.pt", ErrorCode::InvalidArtifact,
+                "storage '0' has type torch.ComplexFloatStorage, which is not a supported storage class"},
         BadFile{"storage_size_mismatch.pt", ErrorCode::InvalidArtifact,
                 "entry 'storage_size_mismatch/data/0' has 12 bytes; the pickle says it holds 16"},
         BadFile{"missing_storage.pt", ErrorCode::InvalidArtifact, "has no entry 'missing_storage/data/0'"},
@@ -163,6 +162,46 @@ INSTANTIATE_TEST_SUITE_P(
       std::string name = info.param.name;
       return name.substr(0, name.find('.'));
     });
+
+// Globals off the allow-list load as inert opaque objects; nothing is called.
+TEST(TorchCheckpoint, UnknownGlobalsAreOpaque) {
+  for (const auto& [name, type] : {std::pair<std::string, std::string>{"global_os_system.pt", "os.system"},
+                                   {"global_builtins_eval.pt", "builtins.eval"}}) {
+    const std::string path = fixture("pickle/" + name);
+    ASSERT_FIXTURE(path);
+    const PickleValue v = load(path);
+    ASSERT_NE(v.if_opaque(), nullptr) << name;
+    EXPECT_EQ(v.if_opaque()->type, type);
+  }
+}
+
+TEST(TorchCheckpoint, TrainingExtrasLoadNextToTensors) {
+  for (const char* name : {"extras_protocol2.pt", "extras_protocol4.pt"}) {
+    SCOPED_TRACE(name);
+    const std::string path = fixture(std::string("pickle/") + name);
+    ASSERT_FIXTURE(path);
+    const PickleValue root = load(path);
+    const PickleDict* d = root.if_dict();
+    ASSERT_NE(d, nullptr);
+    // Protocol 2 spells bytes as _codecs.encode(str, "latin1") and sets as __builtin__.set([...]);
+    // protocol 4 has SHORT_BINBYTES, EMPTY_SET/ADDITEMS and FROZENSET.
+    const bool p2 = std::string(name) == "extras_protocol2.pt";
+    const std::string builtins = p2 ? "__builtin__." : "builtins.";
+    for (const auto& [key, type] : std::vector<std::pair<std::string, std::string>>{
+             {"namespace", "argparse.Namespace"},
+             {"path", "pathlib.PosixPath"},
+             {"scalar", "numpy.core.multiarray.scalar"},
+             {"when", "datetime.datetime"},
+             {"set", builtins + "set"},
+             {"frozenset", builtins + "frozenset"},
+             {"bytes", p2 ? "_codecs.encode" : "builtins.bytes"}}) {
+      ASSERT_NE(d->find(key), nullptr) << key;
+      EXPECT_EQ(d->find(key)->type_name(), type) << key;
+    }
+    EXPECT_EQ(*d->find("after")->if_int(), 7);
+    EXPECT_EQ(f32(tensor_at(*d, "w")), (std::vector<float>{1.0f, 2.0f}));
+  }
+}
 
 TEST(TorchCheckpoint, MissingAndEmptyFiles) {
   Result<PickleValue> missing = read_torch_checkpoint(fixture("pickle/does_not_exist.pt"));

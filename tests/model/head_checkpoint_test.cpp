@@ -198,6 +198,18 @@ TEST(HeadCheckpoint, DefaultsForMissingKeys) {
   EXPECT_EQ(h.k_weight.shape, (std::vector<int64_t>{256, 2}));
 }
 
+// Upstream files keep argparse.Namespace training arguments; they are opaque and ignored.
+TEST(HeadCheckpoint, OpaqueTrainingArgsAreIgnored) {
+  const std::string path = fixture("pickle/head_args_namespace.pt");
+  ASSERT_FIXTURE(path);
+  const HeadCheckpoint h = load(path);
+  EXPECT_EQ(h.temperature, 2.35);
+  EXPECT_EQ(h.lora, 16);
+  EXPECT_EQ(h.extra_keys, (std::vector<std::string>{"temperature_fit", "args"}));
+  EXPECT_EQ(h.q_weight.data, ramp(-1.0f, 12));
+  EXPECT_EQ(h.k_bias.data, ramp(-0.5f, 4));
+}
+
 TEST(HeadCheckpoint, MissingFile) {
   Result<HeadCheckpoint> r = read_head_checkpoint(fixture("pickle/no_such_head.pt"));
   ASSERT_FALSE(r.ok());
@@ -253,7 +265,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadHead{"head_extra_tensor.pt", ErrorCode::InvalidArtifact, "'head' has an unexpected entry 'scale'"},
         BadHead{"head_int64_weight.pt", ErrorCode::InvalidArtifact, "'head.q.bias' is int64"},
         BadHead{"head_nan_weight.pt", ErrorCode::InvalidArtifact, "'head.k.bias' element 1 is nan"},
-        BadHead{"global_os_system.pt", ErrorCode::InvalidArtifact, "pickle references os.system"},
+        BadHead{"global_os_system.pt", ErrorCode::InvalidArtifact,
+                "holds a value of type os.system; expected the dict Kev's trainer saves"},
+        BadHead{"head_temperature_numpy.pt", ErrorCode::InvalidArtifact,
+                "'temperature' is a numpy.core.multiarray.scalar object, which this reader does not decode; "
+                "expected int or float"},
+        BadHead{"head_weight_opaque.pt", ErrorCode::InvalidArtifact,
+                "'head.q.weight' is a pathlib.PosixPath object, which this reader does not decode; expected tensor"},
         BadHead{"legacy_magic.pt", ErrorCode::Unsupported, "legacy torch serialization"}),
     [](const ::testing::TestParamInfo<BadHead>& info) {
       std::string name = info.param.name;

@@ -23,13 +23,7 @@
 namespace kev::cpu {
 namespace {
 
-std::vector<float> randn(size_t count, float scale, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(count);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using kev::testing::randn;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -20,6 +20,7 @@ namespace {
 
 using testing::DeviceTensor;
 using testing::make_f32;
+using testing::randn;
 
 struct Timing {
   double median_ms, min_ms, cpu_ms;
@@ -38,14 +39,6 @@ Timing time_op(const std::function<Status()>& fn) {
   const double cpu_ms = 1000.0 * static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC / ms.size();
   std::sort(ms.begin(), ms.end());
   return {ms[ms.size() / 2], ms.front(), cpu_ms};
-}
-
-std::vector<float> randn(size_t n, float scale, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
 }
 
 // Runs `body(backend)` (which returns the timed call) on a FAST backend with all cores, then with one

@@ -20,5 +20,7 @@ struct DeviceTensor {
 DeviceTensor make_f32(Backend& b, std::initializer_list<int64_t> shape, const std::vector<float>& values = {});
 DeviceTensor make_i32(Backend& b, std::initializer_list<int64_t> shape, const std::vector<int32_t>& values);
 std::vector<float> read_f32(Backend& b, const Tensor& t);
+// `count` values drawn from N(0, scale²) by a seeded generator (same seed, same values).
+std::vector<float> randn(size_t count, float scale, uint64_t seed);
 
 }  // namespace kev::testing

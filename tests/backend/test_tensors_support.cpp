@@ -1,3 +1,5 @@
+#include <random>
+
 #include <gtest/gtest.h>
 
 #include "backend/test_tensors.h"
@@ -40,6 +42,14 @@ std::vector<float> read_f32(Backend& b, const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
   const Status s = b.download(t, v.data(), v.size() * sizeof(float));
   EXPECT_TRUE(s.ok()) << s.to_string();
+  return v;
+}
+
+std::vector<float> randn(size_t count, float scale, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(count);
+  for (float& x : v) x = d(rng);
   return v;
 }
 

@@ -11,14 +11,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include <cblas.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "io/json_util.h"
 #include "kev/kev.h"
 #include "model/model_file.h"
 #include "text/demo.h"
@@ -155,10 +154,9 @@ int main(int argc, char** argv) {
   if (!tok) return fail(tok.status());
   Workload w;
   if (!request_file.empty()) {
-    std::ifstream in(request_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    auto req = kev::parse_request(ss.str());
+    auto body = kev::read_text_file(request_file);
+    if (!body) return fail(body.status());
+    auto req = kev::parse_request(*body);
     if (!req) return fail(req.status());
     w = {"request", req->state_text, {req->questions}};
   } else {

@@ -102,11 +102,8 @@ int main(int argc, char** argv) {
     }
     if (out_dir.empty() && !audit_only) throw CLI::RequiredError("--out");
     if (!dtype.empty() && dtype != "fp32" && dtype != "bf16") throw CLI::ValidationError("--dtype", "fp32 or bf16");
-    const kev::Limits& l = imp.limits;
-    if (l.max_prefix < 1 || l.max_context <= l.max_prefix || l.max_questions < 0) {
-      throw CLI::ValidationError("limits", kev::cat("need max-prefix >= 1, max-context > max-prefix and "
-                                                    "max-questions >= 0 (got ", l.max_prefix, ", ", l.max_context,
-                                                    ", ", l.max_questions, ")"));
+    if (const kev::Status st = kev::validate_limits(imp.limits); !st.ok()) {
+      throw CLI::ValidationError("limits", st.message());
     }
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;

@@ -5,14 +5,13 @@
 //   kev_runner --encode-only [--model DIR | --tokenizer tokenizer.json] [same request options]
 // With no request it runs the default demo request (the refund ticket of KEV_SPEC.md §10).
 // Exit codes: 0 success, 1 error (one line on stderr), 2 usage.
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "kev/kev.h"
+#include "io/json_util.h"
 #include "model/checkpoint_import.h"
 #include "model/model_file.h"
 #include "text/demo.h"
@@ -27,27 +26,19 @@ int fail(const kev::Status& st) {
   return 1;
 }
 
-kev::Result<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return kev::Status(kev::ErrorCode::Io, "cannot read '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // Builds the request from the options: --request, else --state/--state-file + --questions, else the demo.
 kev::Result<kev::Request> build_request(const std::string& request_file, const std::string& state,
                                         const std::string& state_file, const std::string& questions_file,
                                         int64_t max_options) {
   if (!request_file.empty()) {
-    auto body = read_file(request_file);
+    auto body = kev::read_text_file(request_file);
     if (!body) return body.status();
     return kev::parse_request(*body, max_options);
   }
   kev::Request demo = kev::default_demo_request();
   std::string state_text = demo.state_text;
   if (!state_file.empty()) {
-    auto text = read_file(state_file);
+    auto text = kev::read_text_file(state_file);
     if (!text) return text.status();
     state_text = *text;
   } else if (!state.empty()) {
@@ -57,7 +48,7 @@ kev::Result<kev::Request> build_request(const std::string& request_file, const s
     demo.state_text = state_text;
     return demo;
   }
-  auto questions = read_file(questions_file);
+  auto questions = kev::read_text_file(questions_file);
   if (!questions) return questions.status();
   const std::string body = "{\"state\": " + nlohmann::json(state_text).dump() + ", \"questions\": " + *questions + "}";
   return kev::parse_request(body, max_options);

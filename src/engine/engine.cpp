@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "common/check.h"
+#include "common/hash.h"
 #include "kev/kev.h"
 #include "model/checkpoint_import.h"
 #include "model/forward.h"
@@ -19,27 +20,6 @@
 namespace kev {
 
 namespace {
-
-constexpr int64_t kMaxOptionsCap = 255;
-
-Status validate_limits(const Limits& l) {
-  KEV_CHECK(l.max_prefix >= 1, ErrorCode::InvalidRequest, "max_prefix is ", l.max_prefix, "; it must be at least 1");
-  KEV_CHECK(l.max_context >= l.max_prefix, ErrorCode::InvalidRequest, "max_context (", l.max_context,
-            ") must be at least max_prefix (", l.max_prefix, ")");
-  KEV_CHECK(l.max_options >= 1 && l.max_options <= kMaxOptionsCap, ErrorCode::InvalidRequest, "max_options is ",
-            l.max_options, "; it must be in 1..", kMaxOptionsCap);
-  KEV_CHECK(l.max_questions >= 0, ErrorCode::InvalidRequest, "max_questions is ", l.max_questions,
-            "; use 0 for no per-pass cap");
-  KEV_CHECK(l.pass_token_budget >= 1, ErrorCode::InvalidRequest, "pass_token_budget is ", l.pass_token_budget,
-            "; it must be at least 1");
-  return Status::success();
-}
-
-uint64_t fnv1a(const uint8_t* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -87,7 +67,7 @@ Result<uint64_t> Prefix::content_hash() const {
   const Tensor all = Tensor::contiguous(s.buffer.get(), 0, DType::F32, {static_cast<int64_t>(s.bytes / 4)});
   KEV_TRY(impl_->backend->synchronize());
   KEV_TRY(impl_->backend->download(all, bytes.data(), bytes.size()));
-  return fnv1a(bytes.data(), bytes.size());
+  return fnv1a64(bytes.data(), bytes.size());
 }
 
 // ---- Engine -------------------------------------------------------------------------------------

@@ -49,7 +49,22 @@ Result<int32_t> read_id(const nlohmann::json& obj, const char* key, const std::s
   return static_cast<int32_t>(v);
 }
 
+constexpr int64_t kMaxOptionsCap = 255;
+
 }  // namespace
+
+Status validate_limits(const Limits& l) {
+  KEV_CHECK(l.max_prefix >= 1, ErrorCode::InvalidRequest, "max_prefix is ", l.max_prefix, "; it must be at least 1");
+  KEV_CHECK(l.max_context >= l.max_prefix, ErrorCode::InvalidRequest, "max_context (", l.max_context,
+            ") must be at least max_prefix (", l.max_prefix, ")");
+  KEV_CHECK(l.max_options >= 1 && l.max_options <= kMaxOptionsCap, ErrorCode::InvalidRequest, "max_options is ",
+            l.max_options, "; it must be in 1..", kMaxOptionsCap);
+  KEV_CHECK(l.max_questions >= 0, ErrorCode::InvalidRequest, "max_questions is ", l.max_questions,
+            "; use 0 for no per-pass cap");
+  KEV_CHECK(l.pass_token_budget >= 1, ErrorCode::InvalidRequest, "pass_token_budget is ", l.pass_token_budget,
+            "; it must be at least 1");
+  return Status::success();
+}
 
 std::string hf_text_config_json(const ModelConfig& config) { return hf_text_config(config).dump(2); }
 
@@ -133,6 +148,9 @@ Result<ModelFile> read_model_file(const std::string& dir) {
   KEV_ASSIGN_OR_RETURN(meta.limits.max_questions, json_int(lim, "max_questions", lim_ctx));
   KEV_ASSIGN_OR_RETURN(meta.limits.max_options, json_int(lim, "max_options", lim_ctx));
   KEV_ASSIGN_OR_RETURN(meta.limits.pass_token_budget, json_int(lim, "pass_token_budget", lim_ctx));
+  if (Status st = validate_limits(meta.limits); !st.ok()) {
+    return Status(ErrorCode::InvalidArtifact, cat(lim_ctx, ": ", st.message()));
+  }
   KEV_ASSIGN_OR_RETURN(meta.dtype, json_string(k, "dtype", ctx));
   KEV_CHECK(meta.dtype == "fp32" || meta.dtype == "bf16", ErrorCode::InvalidArtifact, ctx, ".dtype '", meta.dtype,
             "' is not one of fp32, bf16");

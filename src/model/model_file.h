@@ -38,6 +38,10 @@ struct ModelFile {
   std::string tokenizer_path() const { return dir + "/tokenizer.json"; }
 };
 
+// The one rule for Limits, wherever they come from (options, model.json, kev_export flags):
+// InvalidRequest naming the limit and the accepted range.
+Status validate_limits(const Limits& limits);
+
 // Reads and validates `dir`/model.json (not the weights).
 Result<ModelFile> read_model_file(const std::string& dir);
 // model.json text for `config` + `kev` (the architecture written with HF field names).

@@ -6,6 +6,7 @@
 
 #include "common/bf16.h"
 #include "common/check.h"
+#include "common/hash.h"
 #include "io/safetensors.h"
 #include "model/model_file.h"
 #include "model/weights.h"
@@ -47,12 +48,6 @@ struct Rng {
   }
   float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
 };
-
-uint64_t name_hash(const std::string& name) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
-  return h;
-}
 
 // How each tensor is drawn: value = offset + scale * u, u uniform in [-1, 1), or a custom map.
 struct Init {
@@ -156,7 +151,7 @@ Status write_synthetic_model(const SyntheticOptions& o) {
     const Init init = init_for(spec.name, fan_in);
     int64_t numel = 1;
     for (int64_t s : spec.shape) numel *= s;
-    const uint64_t seed = o.seed * 0x9E3779B97F4A7C15ull ^ name_hash(spec.name);
+    const uint64_t seed = o.seed * 0x9E3779B97F4A7C15ull ^ fnv1a64(spec.name);
     TensorProducer produce = [numel, init, seed, half](ByteSink& sink) -> Status {
       Rng rng{seed};
       constexpr int64_t kChunk = 1 << 16;

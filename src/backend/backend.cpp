@@ -3,6 +3,12 @@
 #include "backend/backend.h"
 
 #include "backend/cpu/cpu_backend.h"
+#ifdef KEV_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+#ifdef KEV_HAVE_WEBGPU
+#include "backend/webgpu/webgpu_backend.h"
+#endif
 #include "common/check.h"
 
 namespace kev {
@@ -41,8 +47,16 @@ struct Entry {
 
 constexpr Entry kBackends[] = {
     {"cpu", &create_cpu_backend},
+#ifdef KEV_HAVE_CUDA
+    {"cuda", &create_cuda_backend},
+#else
     {"cuda", nullptr},
+#endif
+#ifdef KEV_HAVE_WEBGPU
+    {"webgpu", &create_webgpu_backend},
+#else
     {"webgpu", nullptr},
+#endif
 };
 
 std::string built_list() {

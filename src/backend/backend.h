@@ -134,6 +134,10 @@ struct BackendOptions {
   // CPU FAST: matmul through the row-invariant GEMM (a row's bits do not depend on the other rows of
   // the pass or on the thread count) instead of OpenBLAS sgemm (whose bits do).
   bool row_invariant_matmul = true;
+  int device = 0;               // CUDA: device ordinal
+  bool cuda_graphs = true;      // CUDA: replay recurring passes as CUDA graphs
+  std::string adapter;          // WebGPU: adapter name substring or type ("discrete", "cpu", ...); empty = default
+  bool webgpu_f16 = false;      // WebGPU: F16 kernels where the adapter has shader-f16 (FP32 otherwise)
 };
 
 // Creates a backend by name ("cpu", ...). Unknown or unavailable backends are Unsupported errors that

@@ -138,6 +138,9 @@ struct BackendOptions {
   bool cuda_graphs = true;      // CUDA: replay recurring passes as CUDA graphs
   std::string adapter;          // WebGPU: adapter name substring or type ("discrete", "cpu", ...); empty = default
   bool webgpu_f16 = false;      // WebGPU: F16 kernels where the adapter has shader-f16 (FP32 otherwise)
+  // Only supports() is needed (kev_export's op audit): succeed without a device, answering for the
+  // backend's kernels under conservative default limits; memory and ops then return Unsupported.
+  bool audit_only = false;
 };
 
 // Creates a backend by name ("cpu", ...). Unknown or unavailable backends are Unsupported errors that

@@ -147,7 +147,9 @@ Result<OpAudit> audit_ops(const ModelConfig& config, int64_t pointer_dim, const 
   audit.backend = backend;
   audit.shape = shape;
 
-  Result<std::shared_ptr<Backend>> target = create_backend(backend, BackendOptions{});
+  BackendOptions options;
+  options.audit_only = true;  // supports() only: the export machine may have no such device
+  Result<std::shared_ptr<Backend>> target = create_backend(backend, options);
   DType matmul_dtype = dtype == "bf16" ? DType::BF16 : DType::F32;
   if (target.ok()) {
     audit.backend_device = (*target)->info().device;

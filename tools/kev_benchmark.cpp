@@ -139,6 +139,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmups", warmups, "untimed runs first")->default_val(2);
   app.add_option("--runs", runs, "timed runs")->default_val(5);
   app.add_option("--threads", options.threads, "CPU threads (0 = all cores)");
+  app.add_option("--device", options.device, "CUDA device ordinal");
+  app.add_flag("!--no-cuda-graphs", options.cuda_graphs, "CUDA: launch every kernel instead of replaying graphs");
+  app.add_option("--adapter", options.adapter, "WebGPU adapter: name substring or type (discrete, integrated, cpu)");
   app.add_flag("--profile", profile, "add one profiled run: time per op");
   app.add_flag("--gemm-peak", gemm_peak, "measure OpenBLAS sgemm throughput in the same run (CPU baseline)");
   app.add_flag("--json", json_out, "print results as JSON");

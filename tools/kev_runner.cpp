@@ -88,6 +88,9 @@ int main(int argc, char** argv) {
   app.add_option("--request", request_file, "JSON file: a whole /v1/systemone request body");
   app.add_option("--backend", options.backend, "cpu, cuda or webgpu")->default_val("cpu");
   app.add_option("--threads", options.threads, "CPU threads (0 = all cores)");
+  app.add_option("--device", options.device, "CUDA device ordinal");
+  app.add_flag("!--no-cuda-graphs", options.cuda_graphs, "CUDA: launch every kernel instead of replaying graphs");
+  app.add_option("--adapter", options.adapter, "WebGPU adapter: name substring or type (discrete, integrated, cpu)");
   app.add_option("--max-prefix", max_prefix, "state token limit (default: the model's)");
   app.add_option("--max-context", max_context, "state + row token limit (default: the model's)");
   app.add_flag("--truncate-states", options.truncate_states, "cut long states to max-prefix instead of refusing");

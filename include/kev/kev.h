@@ -112,6 +112,9 @@ struct Options {
   bool truncate_states = false;    // keep the first max_prefix tokens instead of refusing long states
   double temperature = 0;          // > 0 overrides the model's T (1.0 gives raw logits)
   int threads = 0;                 // CPU worker threads; 0 = hardware concurrency
+  int device = 0;                  // CUDA device ordinal
+  bool cuda_graphs = true;         // CUDA: replay recurring passes as CUDA graphs
+  std::string adapter;             // WebGPU adapter: name substring or type ("discrete", "cpu"); "" = default
   bool profile_ops = false;        // time every op (waits for the device after each; slows passes)
   // Loading an upstream checkpoint directory (head.pt + adapter or full weights) instead of an exported
   // model: the HF base it was trained on (not needed for full weights), and the LoRA user scale s.
@@ -159,6 +162,7 @@ struct ModelInfo {
   std::string checkpoint_id;   // "sha256:..." of head.pt, or "" for synthetic models
   std::string dtype;           // weight dtype on the backend
   std::string backend;
+  std::string device;          // the backend's device description, e.g. "x86-64, 2 threads, ..."
   double temperature = 1;
   Limits limits;
 };

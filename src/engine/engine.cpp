@@ -102,6 +102,9 @@ Result<Engine> Engine::load(const std::string& path, const Options& options) {
 
   BackendOptions bopts;
   bopts.threads = options.threads;
+  bopts.device = options.device;
+  bopts.cuda_graphs = options.cuda_graphs;
+  bopts.adapter = options.adapter;
   KEV_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, create_backend(options.backend, bopts));
 
   ModelWeights weights;
@@ -133,6 +136,7 @@ Result<Engine> Engine::load(const std::string& path, const Options& options) {
                : impl->model.kev.dtype == "bf16" ? "fp32 (widened from bf16 at load)"
                                                  : "fp32";
   info.backend = backend->info().name;
+  info.device = backend->info().device;
   info.temperature = temperature;
   info.limits = limits;
   impl->runner = std::make_unique<ModelRunner>(backend, impl->model.config, std::move(weights), logit_scale);

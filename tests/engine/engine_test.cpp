@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/tiny_model.h"
+#include "support/tiny_model.h"
 #include "kev/kev.h"
 #include "model/forward.h"
 #include "model/model_file.h"

@@ -29,7 +29,7 @@ Status check_common(const OpCheck& c, const char* name, const Tensor& t, std::in
   KEV_CHECK(present(c, t), ErrorCode::InvalidRequest, c.op, ": operand '", name, "' is missing");
   bool dtype_ok = false;
   for (DType d : dtypes) dtype_ok = dtype_ok || d == t.dtype;
-  KEV_CHECK(dtype_ok, ErrorCode::Unsupported, c.op, ": ", name, " is ", t.describe(), "; the CPU kernel takes ",
+  KEV_CHECK(dtype_ok, ErrorCode::Unsupported, c.op, ": ", name, " is ", t.describe(), "; the ", c.backend, " kernel takes ",
             dtype_list(dtypes));
   for (int i = 0; i < t.rank; ++i) {
     KEV_CHECK(t.shape[i] >= 0 && t.stride[i] >= 0, ErrorCode::InvalidRequest, c.op, ": ", name, " ", t.describe(),
@@ -39,8 +39,9 @@ Status check_common(const OpCheck& c, const char* name, const Tensor& t, std::in
             name, " ", t.describe(), " has innermost stride ", t.stride[t.rank - 1], "; it must be 1");
   if (!c.bound) return Status::success();
   KEV_CHECK(t.buffer != nullptr, ErrorCode::InvalidRequest, c.op, ": ", name, " has no buffer");
-  KEV_CHECK(dynamic_cast<const HostBuffer*>(t.buffer) != nullptr, ErrorCode::InvalidRequest, c.op, ": ", name,
-            " lives in a buffer the CPU backend did not allocate");
+  const bool owned = c.owns ? c.owns(t.buffer) : dynamic_cast<const HostBuffer*>(t.buffer) != nullptr;
+  KEV_CHECK(owned, ErrorCode::InvalidRequest, c.op, ": ", name, " lives in a buffer the ", c.backend,
+            " backend did not allocate");
   KEV_CHECK(t.offset % dtype_size(t.dtype) == 0, ErrorCode::InvalidRequest, c.op, ": ", name, " offset ", t.offset,
             " is not a multiple of its element size ", dtype_size(t.dtype));
   const size_t size = t.buffer->size();

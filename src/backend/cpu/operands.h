@@ -38,6 +38,10 @@ class HostBuffer : public Buffer {
 struct OpCheck {
   const char* op;
   bool bound;  // buffers attached: check presence and bounds too
+  // Other backends reuse these checks for their shape rules: `backend` names the kernel in dtype
+  // messages and `owns` (null: "is a HostBuffer") says whether a bound operand's buffer is theirs.
+  const char* backend = "CPU";
+  bool (*owns)(const Buffer* buffer) = nullptr;
 };
 
 // Whether an optional operand was given: a buffer when bound, else a buffer or a shape.

@@ -8,18 +8,26 @@
 // evaluation (median of per-run totals), plus tokens/s.
 // --profile: a separate profiled run (every op synchronised and timed) gives the share of time per op.
 // --gemm-peak: OpenBLAS sgemm throughput measured in the same process, the CPU baseline for GEMM.
+// --ceilings: the backend's own matmul rate (4096³ in the model's weight dtype) and copy bandwidth,
+// measured through the Backend interface in the same process; each pass's achieved FLOP rate and
+// weight bandwidth are then also reported as a share of them. Pass FLOPs are counted from the model
+// shape: 2·(projection parameters)·tokens + causal attention (4·H·hd per query-key pair).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 
 #include <cblas.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
+#include "common/check.h"
 #include "io/json_util.h"
 #include "kev/kev.h"
 #include "model/model_file.h"
+#include "model/weights.h"
 #include "text/demo.h"
 #include "text/tokenizer.h"
 
@@ -124,6 +132,83 @@ double sgemm_gflops(int m, int n, int k, double seconds_budget) {
   return 2.0 * m * n * k * reps / elapsed * 1e-9;
 }
 
+// Ceilings measured through the backend's own ops (the same kernels the model uses).
+struct Ceilings {
+  double matmul_tflops = 0;  // out[n,m] = x[n,k]·W[m,k]ᵀ at n = m = k = 4096
+  double copy_gbps = 0;      // F32 copy, bytes read + written per second
+};
+
+kev::Result<double> time_op(kev::Backend& b, const std::function<kev::Status()>& op, double budget_s) {
+  KEV_TRY(op());
+  KEV_TRY(b.synchronize());
+  int reps = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  while (elapsed < budget_s || reps < 3) {
+    KEV_TRY(op());
+    KEV_TRY(b.synchronize());
+    ++reps;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return elapsed / reps;
+}
+
+kev::Result<Ceilings> measure_ceilings(const kev::Options& options, kev::DType weight_dtype) {
+  kev::BackendOptions bo;
+  bo.threads = options.threads;
+  bo.device = options.device;
+  bo.cuda_graphs = options.cuda_graphs;
+  bo.adapter = options.adapter;
+  KEV_ASSIGN_OR_RETURN(std::shared_ptr<kev::Backend> b, kev::create_backend(options.backend, bo));
+  const int64_t n = 4096;
+  std::vector<std::shared_ptr<kev::Buffer>> hold;  // keeps the buffers alive while measuring
+  auto make = [&](kev::DType dt, std::initializer_list<int64_t> shape) -> kev::Result<kev::Tensor> {
+    size_t count = 1;
+    for (int64_t d : shape) count *= static_cast<size_t>(d);
+    KEV_ASSIGN_OR_RETURN(std::shared_ptr<kev::Buffer> buf, b->alloc(count * kev::dtype_size(dt), kev::BufferUsage::Activations));
+    hold.push_back(buf);
+    kev::Tensor t = kev::Tensor::contiguous(buf.get(), 0, dt, shape);
+    KEV_TRY(b->fill_zero(t));
+    return t;
+  };
+  KEV_ASSIGN_OR_RETURN(kev::Tensor x, make(kev::DType::F32, {n, n}));
+  KEV_ASSIGN_OR_RETURN(kev::Tensor w, make(weight_dtype, {n, n}));
+  KEV_ASSIGN_OR_RETURN(kev::Tensor y, make(kev::DType::F32, {n, n}));
+  Ceilings c;
+  const double budget = options.backend == "cpu" ? 2.0 : 0.5;
+  KEV_ASSIGN_OR_RETURN(double mm_s, time_op(*b, [&] { return b->matmul(x, w, kev::Tensor(), y); }, budget));
+  c.matmul_tflops = 2.0 * n * n * n / mm_s * 1e-12;
+  const int64_t elems = int64_t{1} << 25;  // 128 MiB per operand: past every last-level cache, within every binding limit
+  KEV_ASSIGN_OR_RETURN(kev::Tensor a, make(kev::DType::F32, {elems}));
+  KEV_ASSIGN_OR_RETURN(kev::Tensor o, make(kev::DType::F32, {elems}));
+  KEV_ASSIGN_OR_RETURN(double cp_s, time_op(*b, [&] { return b->copy(a, o); }, budget));
+  c.copy_gbps = 2.0 * static_cast<double>(elems) * 4 / cp_s * 1e-9;
+  return c;
+}
+
+// FLOPs and streamed weight bytes of one pass of `tokens` tokens over `context` earlier tokens.
+struct PassCost {
+  double flops = 0, weight_bytes = 0;
+};
+PassCost pass_cost(const kev::ModelFile& m, int64_t tokens, int64_t context, int64_t sequences) {
+  const kev::ModelConfig& c = m.config;
+  double params = 0;
+  for (const kev::WeightSpec& spec : kev::weight_specs(c, m.kev.pointer_dim)) {
+    if (!spec.projection) continue;
+    double n = 1;
+    for (int64_t d : spec.shape) n *= static_cast<double>(d);
+    params += n;
+  }
+  int64_t n_attn = 0;
+  for (kev::LayerType t : c.layer_types) n_attn += t == kev::LayerType::FullAttention;
+  const double per_seq = static_cast<double>(tokens) / static_cast<double>(std::max<int64_t>(sequences, 1));
+  const double pairs = static_cast<double>(tokens) * static_cast<double>(context) + sequences * per_seq * (per_seq + 1) / 2;
+  PassCost p;
+  p.flops = 2.0 * params * static_cast<double>(tokens) + 4.0 * static_cast<double>(c.n_head * c.head_dim) * pairs * n_attn;
+  p.weight_bytes = params * (m.kev.dtype == "bf16" ? 2 : 4);
+  return p;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -131,7 +216,7 @@ int main(int argc, char** argv) {
   std::string model_dir, workload_name = "demo", request_file;
   kev::Options options;
   int warmups = 2, runs = 5;
-  bool profile = false, gemm_peak = false, json_out = false;
+  bool profile = false, gemm_peak = false, ceilings = false, json_out = false;
   app.add_option("--model", model_dir, "exported model directory")->required();
   app.add_option("--backend", options.backend, "cpu, cuda or webgpu")->default_val("cpu");
   app.add_option("--workload", workload_name, "demo, short (~256-token state, 6 questions), long (~2,200, 5), many (~1,024, 64)");
@@ -144,6 +229,7 @@ int main(int argc, char** argv) {
   app.add_option("--adapter", options.adapter, "WebGPU adapter: name substring or type (discrete, integrated, cpu)");
   app.add_flag("--profile", profile, "add one profiled run: time per op");
   app.add_flag("--gemm-peak", gemm_peak, "measure OpenBLAS sgemm throughput in the same run (CPU baseline)");
+  app.add_flag("--ceilings", ceilings, "measure the backend's matmul and copy ceilings; report each pass against them");
   app.add_flag("--json", json_out, "print results as JSON");
   try {
     app.parse(argc, argv);
@@ -231,6 +317,14 @@ int main(int argc, char** argv) {
   }
   double peak = 0;
   if (gemm_peak) peak = sgemm_gflops(1024, 1024, 1024, 1.0);
+  Ceilings ceil;
+  if (ceilings) {
+    auto c = measure_ceilings(options, engine->info().dtype == "bf16" ? kev::DType::BF16 : kev::DType::F32);
+    if (!c) return fail(c.status());
+    ceil = *c;
+  }
+  const PassCost prefill_cost = pass_cost(*model, state_tokens, 0, 1);
+  const PassCost eval_cost = pass_cost(*model, row_tokens, state_tokens, static_cast<int64_t>(n_questions));
 
   const double p = median(prefill_ms), e = median(eval_ms), t = median(total_ms);
   const kev::ModelInfo& info = engine->info();
@@ -253,6 +347,14 @@ int main(int argc, char** argv) {
     j["prefill_tokens_per_s"] = state_tokens / (p * 1e-3);
     j["evaluation_tokens_per_s"] = row_tokens / (e * 1e-3);
     if (gemm_peak) j["openblas_sgemm_1024_gflops"] = peak;
+    j["prefill_tflops"] = prefill_cost.flops / (p * 1e-3) * 1e-12;
+    j["prefill_weight_gbps"] = prefill_cost.weight_bytes / (p * 1e-3) * 1e-9;
+    j["evaluation_tflops"] = eval_cost.flops / (e * 1e-3) * 1e-12;
+    j["evaluation_weight_gbps"] = eval_cost.weight_bytes / (e * 1e-3) * 1e-9;
+    if (ceilings) {
+      j["ceiling_matmul_tflops"] = ceil.matmul_tflops;
+      j["ceiling_copy_gbps"] = ceil.copy_gbps;
+    }
     for (const kev::OpProfile& op : profile_rows)
       j["profile"].push_back({{"op", op.op}, {"backend", op.backend}, {"calls", op.calls}, {"ms", op.ms}, {"gflop", op.gflop}});
     std::cout << j.dump(2) << "\n";
@@ -277,5 +379,18 @@ int main(int argc, char** argv) {
     }
   }
   if (gemm_peak) std::printf("OpenBLAS sgemm 1024x1024x1024 (same run): %.2f GFLOP/s\n", peak);
+  auto rate = [&](const char* pass, const PassCost& cost, double pass_ms) {
+    const double tflops = cost.flops / (pass_ms * 1e-3) * 1e-12, gbps = cost.weight_bytes / (pass_ms * 1e-3) * 1e-9;
+    std::printf("%s: %.3f TFLOP/s, weights streamed at %.1f GB/s", pass, tflops, gbps);
+    if (ceilings)
+      std::printf(" (%.1f%% of the matmul ceiling, %.1f%% of the copy bandwidth)", 100 * tflops / ceil.matmul_tflops,
+                  100 * gbps / ceil.copy_gbps);
+    std::printf("\n");
+  };
+  rate("prefill", prefill_cost, p);
+  rate("cached evaluation", eval_cost, e);
+  if (ceilings)
+    std::printf("ceilings (same run, through the backend's ops): matmul 4096³ %.2f TFLOP/s, copy %.1f GB/s\n",
+                ceil.matmul_tflops, ceil.copy_gbps);
   return 0;
 }

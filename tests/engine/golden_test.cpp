@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "golden_support.h"
 #include "io/safetensors.h"
 #include "kev/kev.h"
 #include "model/checkpoint_import.h"
@@ -21,8 +22,11 @@
 namespace kev {
 namespace {
 
-namespace fs = std::filesystem;
-using json = nlohmann::ordered_json;  // request bodies keep their key order
+using golden::check_requests;
+using golden::ExportedModel;
+using golden::json;
+using golden::read_json;
+const std::string kGolden = golden::golden_dir();
 
 // Tolerances (docs/numerics.md): against HF's float64 values; HF's own float32 run lands at 2.8e-6 (p),
 // 2.7e-5 (logits) and 5e-5 (state).
@@ -30,61 +34,9 @@ constexpr double kProbTol = 1e-5;
 constexpr double kLogitTol = 1e-4;
 constexpr double kStateTol = 2e-4;
 
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "missing fixture " << path;
-  return json::parse(in);
-}
-
-std::string export_fixture(const std::string& checkpoint, const std::string& base, const std::string& name) {
-  const std::string out = (fs::temp_directory_path() / ("kev-golden-" + name + "-" + std::to_string(::getpid()))).string();
-  ImportOptions o;
-  o.checkpoint_dir = checkpoint;
-  o.base_dir = base;
-  o.out_dir = out;
-  auto summary = export_checkpoint(o);
-  EXPECT_TRUE(summary.ok()) << summary.status().to_string();
-  return out;
-}
-
-struct Exported {
-  std::string dir;
-  ~Exported() { fs::remove_all(dir); }
-};
-
-const std::string kGolden = std::string(KEV_FIXTURES_DIR) + "/golden";
-
-// Runs every request of an expected.json through the engine; returns the worst |Δp| and |Δz|.
-void check_requests(Engine& engine, const json& expected, double* worst_p, double* worst_z) {
-  *worst_p = *worst_z = 0;
-  for (const json& r : expected["requests"]) {
-    auto request = parse_request(r["body"].dump());
-    ASSERT_TRUE(request.ok()) << r["name"] << ": " << request.status().to_string();
-    EXPECT_EQ(escape_control_tokens(request->state_text), r["state_text"].get<std::string>()) << r["name"];
-    auto prefix = engine.prefill(request->state_text);
-    ASSERT_TRUE(prefix.ok()) << prefix.status().to_string();
-    EXPECT_EQ(prefix->tokens(), r["state_ids"].get<std::vector<int32_t>>()) << r["name"];
-    auto answers = engine.evaluate(*prefix, request->questions);
-    ASSERT_TRUE(answers.ok()) << r["name"] << ": " << answers.status().to_string();
-    const json& qs = r["questions"];
-    ASSERT_EQ(answers->answers.size(), qs.size());
-    for (size_t q = 0; q < qs.size(); ++q) {
-      const Answer& a = answers->answers[q];
-      const auto p = qs[q]["probabilities"].get<std::vector<double>>();
-      const auto z = qs[q]["logits"].get<std::vector<double>>();
-      ASSERT_EQ(a.probabilities.size(), p.size()) << r["name"] << " " << a.id;
-      EXPECT_EQ(a.option_keys, qs[q]["keys"].get<std::vector<std::string>>());
-      for (size_t j = 0; j < p.size(); ++j) {
-        *worst_p = std::max(*worst_p, std::fabs(a.probabilities[j] - p[j]));
-        *worst_z = std::max(*worst_z, std::fabs(a.logits[j] - z[j]));
-      }
-    }
-  }
-}
-
 TEST(Golden, CpuMatchesHfProbabilitiesAndLogits) {
   const json expected = read_json(kGolden + "/expected.json");
-  Exported model{export_fixture(kGolden + "/tiny", kGolden + "/tiny", "tiny")};
+  ExportedModel model(kGolden + "/tiny", kGolden + "/tiny", "tiny");
   auto engine = Engine::load(model.dir, {});
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   EXPECT_EQ(engine->info().checkpoint_id, expected["head"]["checkpoint_id"].get<std::string>());
@@ -130,7 +82,7 @@ TEST(Golden, EncodingMatchesTheReferenceEncoder) {
 // this is FP reassociation, not bitwise equality (docs/numerics.md).
 TEST(Golden, QuestionsTogetherEqualQuestionsAlone) {
   const json expected = read_json(kGolden + "/expected.json");
-  Exported model{export_fixture(kGolden + "/tiny", kGolden + "/tiny", "batch")};
+  ExportedModel model(kGolden + "/tiny", kGolden + "/tiny", "batch");
   auto engine = Engine::load(model.dir, {});
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   double worst = 0;
@@ -157,7 +109,7 @@ TEST(Golden, StateSnapshotMatchesHfCache) {
   const json expected = read_json(kGolden + "/expected.json");
   auto tensors = SafetensorsFile::open(kGolden + "/expected_tensors.safetensors");
   ASSERT_TRUE(tensors.ok()) << tensors.status().to_string();
-  Exported dir{export_fixture(kGolden + "/tiny", kGolden + "/tiny", "state")};
+  ExportedModel dir(kGolden + "/tiny", kGolden + "/tiny", "state");
   auto model = read_model_file(dir.dir);
   ASSERT_TRUE(model.ok());
   auto backend = create_backend("cpu", {});
@@ -216,7 +168,7 @@ TEST(Golden, StateSnapshotMatchesHfCache) {
 TEST(Golden, LoraCheckpointMatchesPeftMergedModel) {
   const std::string up = std::string(KEV_FIXTURES_DIR) + "/upstream";
   const json expected = read_json(up + "/expected.json");
-  Exported model{export_fixture(up, kGolden + "/tiny", "lora")};
+  ExportedModel model(up, kGolden + "/tiny", "lora");
   auto engine = Engine::load(model.dir, {});
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   double worst_p = 0, worst_z = 0;

@@ -32,7 +32,7 @@ function(kev_add_cuda_backend target)
   file(GLOB cuda_srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu
        ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cpp)
   target_sources(${target} PRIVATE ${cuda_srcs})
-  set_target_properties(${target} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
+  set_target_properties(${target} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
   # Warnings stay visible for .cu files (nvcc's own, and the host compiler's through -Xcompiler) but are
   # not errors: nvcc's generated host stubs trip GCC warnings that differ between toolkit versions.
   # The backend's .cpp files are CXX and get ${KEV_WARNINGS} (with -Werror) from kev_module.

@@ -178,9 +178,11 @@ kev::Result<Ceilings> measure_ceilings(const kev::Options& options, kev::DType w
   const double budget = options.backend == "cpu" ? 2.0 : 0.5;
   KEV_ASSIGN_OR_RETURN(double mm_s, time_op(*b, [&] { return b->matmul(x, w, kev::Tensor(), y); }, budget));
   c.matmul_tflops = 2.0 * n * n * n / mm_s * 1e-12;
-  const int64_t elems = int64_t{1} << 25;  // 128 MiB per operand: past every last-level cache, within every binding limit
-  KEV_ASSIGN_OR_RETURN(kev::Tensor a, make(kev::DType::F32, {elems}));
-  KEV_ASSIGN_OR_RETURN(kev::Tensor o, make(kev::DType::F32, {elems}));
+  // 128 MiB per operand: past every last-level cache, within every binding limit; rows so that
+  // row-parallel copy kernels fill the device.
+  const int64_t rows = 8192, cols = 4096, elems = rows * cols;
+  KEV_ASSIGN_OR_RETURN(kev::Tensor a, make(kev::DType::F32, {rows, cols}));
+  KEV_ASSIGN_OR_RETURN(kev::Tensor o, make(kev::DType::F32, {rows, cols}));
   KEV_ASSIGN_OR_RETURN(double cp_s, time_op(*b, [&] { return b->copy(a, o); }, budget));
   c.copy_gbps = 2.0 * static_cast<double>(elems) * 4 / cp_s * 1e-9;
   return c;

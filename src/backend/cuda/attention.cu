@@ -1,0 +1,321 @@
+// Causal grouped-query attention over a shared read-only prefix K/V plus each packed sequence's own
+// keys (the Attention op), flash-attention style in FP32.
+//
+// Math. For query token t of sequence r (tokens [b_r, e_r) of the packed pass) and query head h
+// (KV head h / (H/Hkv)):
+//   out[t,h,:] = Σ_s softmax_s(scale · q[t,h]·key_s) · value_s
+// over the keys s = all prefix_len prefix keys, then the sequence's own keys b_r..t (inclusive).
+// The scale is applied here (scale · q·k); unlike the GDN kernel, q arrives unscaled.
+// Online softmax per query row: running max m and sum l; each key tile rescales the accumulator by
+// e^{m_old − m_new}. FP32 operands, FP32 accumulation and exp (expf, not the fast intrinsic): no
+// TF32/BF16.
+//
+// Layout. q, out [n, H, hd] with token / head strides; k, v [n, Hkv, hd] with token / head strides;
+// prefix_k, prefix_v [prefix_len, Hkv, hd] contiguous. All strides in elements.
+//
+// Launch. A block owns the query rows of one KV head kvh and a tile of T = floor(64 / G) consecutive
+// packed tokens (G = H/Hkv query heads per KV head): row ρ is token q0 + ρ / G, head kvh·G + ρ % G, so
+// the G heads sharing a KV head read each K/V tile once. Grid (ceil(n_tokens / T), Hkv), 256
+// threads; tiles are visited last-first (blockIdx.x reversed) so a causal prefill's long rows start
+// first. A tile may span sequences: each row finds its sequence start in `offsets` (seq_start)
+// and the block walks the own-key range [start of its first token's sequence, its last token],
+// masking key s for row (t, b_t) unless b_t <= s <= t. Prefix keys are visible to every valid row.
+// Per key tile of 32 keys: load K | scores (thread: 2 rows × 4 keys), masking, online-softmax update
+// with row max / sum over 8 lanes | load V | O += P·V (thread: 4 rows × hd/16 columns, in registers).
+// K and V are staged through one buffer of 128 columns (hd = 256 in two halves). Shared memory at
+// hd = 256: Q 64×260 + K/V 32×132 + P 64×33 floats + row data = 90.75 KiB (58.75 at hd 128, 34.75 at
+// 64), so two blocks per SM on sm_80/sm_90 (128 registers per thread) and one on sm_86/sm_89. The
+// grid depends only on n_tokens, H and Hkv (never on the offsets' values); no workspace.
+// Preconditions (attention_supported): hd ∈ {64, 128, 256}, Hkv >= 1 divides H, G = H/Hkv <= 64,
+// Hkv <= 65535. Global loads and stores use float4 when every base pointer is 16-byte aligned and
+// every stride a multiple of 4, scalar accesses otherwise.
+#include "backend/cuda/attention.cuh"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_math.cuh"
+
+namespace kev::cuda {
+
+namespace {
+
+constexpr int kRows = 64;     // query rows per block
+constexpr int kKeys = 32;     // keys per tile
+constexpr int kThreads = 256;
+constexpr int kMaxGridY = 65535;
+
+template <int HD>
+struct AttnLayout {
+  // K and V tiles are staged kKW columns at a time (hd 256: two halves), which keeps the block
+  // under the 99 KiB per-block limit of sm_86/sm_89 and lets two blocks share an sm_80/sm_90 SM.
+  static constexpr int kKW = HD > 128 ? 128 : HD;
+  static constexpr int kLdQ = HD + 4;         // float4 aligned; +4 puts consecutive rows on distinct banks
+  static constexpr int kLdKV = kKW + 4;
+  static constexpr int kLdP = kKeys + 1;
+  static constexpr int kQ = 0;
+  static constexpr int kKV = kQ + kRows * kLdQ;
+  static constexpr int kP = kKV + kKeys * kLdKV;
+  static constexpr int kAlpha = kP + kRows * kLdP;
+  static constexpr int kL = kAlpha + kRows;
+  static constexpr int kFloats = kL + kRows;
+  static constexpr size_t kBytes = kFloats * sizeof(float) + 2 * kRows * sizeof(int);  // + row_lo, row_hi
+  static_assert(kKV % 4 == 0, "float4 alignment");
+  static_assert(kBytes <= 99 * 1024, "shared memory exceeds the smallest supported per-block limit");
+};
+
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// acc + a·b as four dependent FMAs (the plain expression compiles to a multiply, three FMAs and an add).
+__device__ __forceinline__ float fma4(const float4& a, const float4& b, float acc) {
+  return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
+}
+
+// Copies `rows` rows of W floats into shared rows of stride ld; src(i) is row i's global address
+// (already offset to the first column) or null for a zero row.
+template <int W, typename Src>
+__device__ __forceinline__ void load_rows(float* dst, int ld, int rows, bool vec, Src src) {
+  if (vec) {
+    for (int idx = threadIdx.x; idx < rows * (W / 4); idx += kThreads) {
+      const int i = idx / (W / 4), d = 4 * (idx % (W / 4));
+      const float* p = src(i);
+      *reinterpret_cast<float4*>(dst + i * ld + d) = p != nullptr ? ld4(p + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < rows * W; idx += kThreads) {
+      const int i = idx / W, d = idx % W;
+      const float* p = src(i);
+      dst[i * ld + d] = p != nullptr ? p[d] : 0.0f;
+    }
+  }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttentionArgs a, int tokens_per_tile, bool vec) {
+  using Lay = AttnLayout<HD>;
+  constexpr int LDQ = Lay::kLdQ, LDKV = Lay::kLdKV, LDP = Lay::kLdP, KW = Lay::kKW, NV = HD / 64, NVH = KW / 64;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* base = reinterpret_cast<float*>(smem_raw);
+  float* Qs = base + Lay::kQ;
+  float* KVs = base + Lay::kKV;
+  float* Ps = base + Lay::kP;
+  float* alpha_s = base + Lay::kAlpha;
+  float* l_s = base + Lay::kL;
+  int* row_lo = reinterpret_cast<int*>(base + Lay::kFloats);  // first visible own key (sequence start)
+  int* row_hi = row_lo + kRows;                               // last visible own key (the token); lo > hi: no row
+
+  const int tid = threadIdx.x;
+  const int G = a.H / a.Hkv, kvh = blockIdx.y;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * tokens_per_tile;
+  const int n_valid_tok = min(tokens_per_tile, a.n_tokens - q0);
+  const int n_rows = n_valid_tok * G;
+
+  if (tid < kRows) {
+    int lo = 1, hi = 0;
+    if (tid < n_rows) {
+      const int t = q0 + tid / G;
+      lo = seq_start(a.offsets, a.n_seqs, t);
+      hi = t;
+    }
+    row_lo[tid] = lo;
+    row_hi[tid] = hi;
+  }
+  load_rows<HD>(Qs, LDQ, kRows, vec, [&](int i) -> const float* {
+    if (i >= n_rows) return nullptr;
+    const int64_t t = q0 + i / G, h = kvh * G + i % G;
+    return a.q + t * a.q_token_stride + h * a.q_head_stride;
+  });
+  __syncthreads();
+
+  const int own_lo = row_lo[0], own_hi = q0 + n_valid_tok - 1;  // row 0 is always valid
+  const int64_t Ls = a.prefix_len;
+  const int64_t n_prefix_tiles = (Ls + kKeys - 1) / kKeys;
+  const int64_t n_tiles = n_prefix_tiles + (own_hi - own_lo + kKeys) / kKeys;
+
+  // Score-phase mapping: rows sr, sr + 1; keys skey + 8m. The 8 lanes of a row pair are adjacent.
+  const int sr = 2 * (tid >> 3), skey = tid & 7;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  // Output mapping: rows orow..orow+3; columns ocol + 64v (+0..3).
+  const int orow = 4 * (tid >> 4), ocol = 4 * (tid & 15);
+  float o[4][NV][4] = {};
+
+  for (int64_t kt = 0; kt < n_tiles; ++kt) {
+    const bool prefix = kt < n_prefix_tiles;
+    const int64_t s0 = prefix ? kt * kKeys : own_lo + (kt - n_prefix_tiles) * kKeys;  // first key
+    const int64_t s_end = prefix ? Ls : static_cast<int64_t>(own_hi) + 1;
+    const int64_t hstride = static_cast<int64_t>(a.Hkv) * HD;
+    auto key_row = [&](const float* pbase, const float* obase, int i) -> const float* {
+      const int64_t s = s0 + i;
+      if (s >= s_end) return nullptr;
+      if (prefix) return pbase + s * hstride + static_cast<int64_t>(kvh) * HD;
+      return obase + s * a.kv_token_stride + static_cast<int64_t>(kvh) * a.kv_head_stride;
+    };
+    // ---- scores, kKW columns of K at a time ----
+    {
+      float acc[2][4] = {};
+      for (int c0 = 0; c0 < HD; c0 += KW) {
+        load_rows<KW>(KVs, LDKV, kKeys, vec, [&](int i) {
+          const float* p = key_row(a.prefix_k, a.k, i);
+          return p != nullptr ? p + c0 : nullptr;
+        });
+        __syncthreads();
+#pragma unroll 4
+        for (int d = 0; d < KW; d += 4) {
+          const float4 q0v = ld4(Qs + sr * LDQ + c0 + d), q1v = ld4(Qs + (sr + 1) * LDQ + c0 + d);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const float4 kv = ld4(KVs + (skey + 8 * m) * LDKV + d);
+            acc[0][m] = fma4(q0v, kv, acc[0][m]);
+            acc[1][m] = fma4(q1v, kv, acc[1][m]);
+          }
+        }
+        __syncthreads();  // the K columns are consumed: the buffer is reloaded
+      }
+      // ---- masking and the online-softmax update ----
+#pragma unroll
+      for (int ii = 0; ii < 2; ++ii) {
+        // Read from shared memory per tile rather than held in registers across the loop (spills).
+        const int lo = row_lo[sr + ii], hi = row_hi[sr + ii];
+        float sc[4], mx = -INFINITY;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int64_t s = s0 + skey + 8 * m;
+          const bool visible = lo <= hi && s < s_end && (prefix || (s >= lo && s <= hi));
+          sc[m] = visible ? acc[ii][m] * a.scale : -INFINITY;
+          mx = fmaxf(mx, sc[m]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        const float m_new = fmaxf(m_run[ii], mx);
+        // A row with no visible key so far keeps m = −inf: its p and rescale must not become NaN.
+        const bool none = m_new == -INFINITY;
+        const float alpha = none ? 1.0f : expf(m_run[ii] - m_new);
+        float sum = 0.0f;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const float p = none ? 0.0f : expf(sc[m] - m_new);
+          Ps[(sr + ii) * LDP + skey + 8 * m] = p;
+          sum += p;
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+        l_run[ii] = l_run[ii] * alpha + sum;
+        m_run[ii] = m_new;
+        if (skey == 0) alpha_s[sr + ii] = alpha;
+      }
+    }
+    __syncthreads();  // P and alpha are complete
+
+    // ---- O = diag(alpha) O + P V, kKW columns of V at a time ----
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) {
+      const float al = alpha_s[orow + ii];
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[ii][v][c] *= al;
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < HD / KW; ++half) {
+      if (half > 0) __syncthreads();  // the previous V columns are consumed
+      load_rows<KW>(KVs, LDKV, kKeys, vec, [&](int i) {
+        const float* p = key_row(a.prefix_v, a.v, i);
+        return p != nullptr ? p + half * KW : nullptr;
+      });
+      __syncthreads();
+#pragma unroll 4
+      for (int j = 0; j < kKeys; ++j) {
+        float p[4];
+#pragma unroll
+        for (int ii = 0; ii < 4; ++ii) p[ii] = Ps[(orow + ii) * LDP + j];
+#pragma unroll
+        for (int vh = 0; vh < NVH; ++vh) {
+          const float4 vv = ld4(KVs + j * LDKV + ocol + 64 * vh);
+          const int v = half * NVH + vh;
+#pragma unroll
+          for (int ii = 0; ii < 4; ++ii) {
+            o[ii][v][0] += p[ii] * vv.x;
+            o[ii][v][1] += p[ii] * vv.y;
+            o[ii][v][2] += p[ii] * vv.z;
+            o[ii][v][3] += p[ii] * vv.w;
+          }
+        }
+      }
+    }
+    __syncthreads();  // V, P and alpha are rewritten by the next tile
+  }
+
+  if (skey == 0) {
+    l_s[sr] = l_run[0];
+    l_s[sr + 1] = l_run[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int ii = 0; ii < 4; ++ii) {
+    const int row = orow + ii;
+    if (row >= n_rows) continue;
+    const float inv = 1.0f / l_s[row];  // > 0: a valid row always sees its own token
+    const int64_t t = q0 + row / G, h = kvh * G + row % G;
+    float* dst = a.out + t * a.out_token_stride + h * a.out_head_stride;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      if (vec) {
+        *reinterpret_cast<float4*>(dst + ocol + 64 * v) =
+            make_float4(o[ii][v][0] * inv, o[ii][v][1] * inv, o[ii][v][2] * inv, o[ii][v][3] * inv);
+      } else {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) dst[ocol + 64 * v + c] = o[ii][v][c] * inv;
+      }
+    }
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <int HD>
+cudaError_t launch_hd(const AttentionArgs& a, cudaStream_t stream) {
+  constexpr size_t bytes = AttnLayout<HD>::kBytes;
+  // Opted in once per process; the first launch happens before any graph capture that replays it.
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(attention_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (attr != cudaSuccess) return attr;
+  const int G = a.H / a.Hkv, tokens_per_tile = kRows / G;
+  const bool vec = aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.out) &&
+                   (a.prefix_len == 0 || (aligned16(a.prefix_k) && aligned16(a.prefix_v))) &&
+                   a.q_token_stride % 4 == 0 && a.q_head_stride % 4 == 0 && a.kv_token_stride % 4 == 0 &&
+                   a.kv_head_stride % 4 == 0 && a.out_token_stride % 4 == 0 && a.out_head_stride % 4 == 0;
+  const dim3 grid((a.n_tokens + tokens_per_tile - 1) / tokens_per_tile, a.Hkv);
+  attention_kernel<HD><<<grid, kThreads, bytes, stream>>>(a, tokens_per_tile, vec);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool attention_supported(int H, int Hkv, int hd) {
+  return Hkv >= 1 && Hkv <= kMaxGridY && H >= Hkv && H % Hkv == 0 && H / Hkv <= kRows &&
+         (hd == 64 || hd == 128 || hd == 256);
+}
+
+size_t attention_workspace_bytes(const AttentionArgs&) { return 0; }
+
+cudaError_t launch_attention(const AttentionArgs& a, void*, cudaStream_t stream) {
+  if (!attention_supported(a.H, a.Hkv, a.hd) || a.n_seqs < 1 || a.prefix_len < 0 ||
+      (a.prefix_len > 0 && (a.prefix_k == nullptr || a.prefix_v == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.n_tokens == 0) return cudaSuccess;
+  switch (a.hd) {
+    case 64:
+      return launch_hd<64>(a, stream);
+    case 128:
+      return launch_hd<128>(a, stream);
+    default:
+      return launch_hd<256>(a, stream);
+  }
+}
+
+}  // namespace kev::cuda

@@ -1,0 +1,834 @@
+// CudaBackend: device selection, memory, transfers, supports() and the op entry points. Each op
+// validates its operands now (the CPU backend's shape rules through cpu::check_*, the GPU kernels'
+// own limits here, and buffer bounds), then records a command (a closure enqueuing its kernels) and
+// its signature into the PassRecorder; kernels run at the next flush (see pass_recorder.h).
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_pool.h"
+#include "backend/cuda/gated_delta_rule.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/matmul.h"
+#include "backend/cuda/pass_recorder.h"
+
+namespace kev {
+
+namespace {
+
+using cpu::OpCheck;
+using cpu::present;
+using cuda::CommandSig;
+using cuda::CudaBuffer;
+
+constexpr size_t kGemmWorkspace = size_t{32} << 20;
+constexpr size_t kSyncUploadBytes = size_t{1} << 20;
+constexpr int64_t kMaxGrid = INT_MAX;  // grid.x limit, and the int fields of the GDN / attention args
+constexpr int kMinComputeMajor = 8;    // BF16 GEMMs and the kernels' builds start at Ampere
+
+bool owns_cuda(const Buffer* b) { return dynamic_cast<const CudaBuffer*>(b) != nullptr; }
+OpCheck shapes(const char* op) { return OpCheck{op, false, "CUDA", &owns_cuda}; }
+OpCheck bound(const char* op) { return OpCheck{op, true, "CUDA", &owns_cuda}; }
+
+template <class T>
+T* dptr(const Tensor& t) {
+  return t.empty() ? nullptr : reinterpret_cast<T*>(static_cast<char*>(t.buffer->handle()) + t.offset);
+}
+float* f32p(const Tensor& t) { return dptr<float>(t); }
+
+cuda::Rows rows_of(const Tensor& t) {
+  cuda::Rows r;
+  r.n_outer = t.rank - 1;
+  for (int i = 0; i + 1 < t.rank; ++i) {
+    r.shape[i] = t.shape[i];
+    r.stride[i] = t.stride[i];
+  }
+  return r;
+}
+
+void sig_tensor(CommandSig& s, const Tensor& t) {
+  if (t.empty()) {
+    s.word(uint64_t{0xffff});
+    return;
+  }
+  s.ptr(dptr<char>(t));
+  s.word(t.dtype, t.rank);
+  for (int i = 0; i < t.rank; ++i) s.word(t.shape[i], t.stride[i]);
+}
+
+Status launched(cudaError_t err, const char* what) {
+  return cuda::cuda_status(err, what, __FILE__, __LINE__);
+}
+
+Status check_grid(const OpCheck& c, const char* what, int64_t count) {
+  KEV_CHECK(count <= kMaxGrid, ErrorCode::Unsupported, c.op, ": ", what, " = ", count,
+            " exceeds the CUDA kernels' limit of ", kMaxGrid);
+  return Status::success();
+}
+
+// Strides of a dim matter only when it has more than one element.
+bool same_stride(const Tensor& a, const Tensor& b, int d) {
+  return a.shape[d] <= 1 || a.stride[d] == b.stride[d];
+}
+
+// ---- the GPU kernels' own preconditions (beyond the shared shape rules) ---------------------------
+
+Status check_cuda_matmul(const OpCheck& c, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  KEV_TRY(cpu::check_tensor(c, "x", x, {DType::F32}, 2));
+  KEV_TRY(cpu::check_tensor(c, "w", w, {DType::F32, DType::BF16}, 2));
+  KEV_TRY(cpu::check_contiguous(c, "w", w));
+  KEV_TRY(cpu::check_shape(c, "w", w, {w.shape[0], x.shape[1]}, "[m,k]"));
+  if (present(c, bias)) {
+    KEV_TRY(cpu::check_tensor(c, "bias", bias, {DType::F32}, 1));
+    KEV_TRY(cpu::check_shape(c, "bias", bias, {w.shape[0]}, "[m]"));
+    KEV_TRY(cpu::check_no_overlap(c, "out", out, "bias", bias));
+  }
+  KEV_TRY(cpu::check_tensor(c, "out", out, {DType::F32}, 2));
+  KEV_TRY(cpu::check_shape(c, "out", out, {x.shape[0], w.shape[0]}, "[n,m]"));
+  const int64_t sizes[] = {x.shape[0], x.shape[1], w.shape[0], x.stride[0], out.stride[0]};
+  for (int64_t s : sizes) KEV_TRY(check_grid(c, "a matmul size or leading dimension", s));
+  KEV_CHECK(x.shape[0] <= 1 || x.stride[0] >= x.shape[1], ErrorCode::InvalidRequest, c.op, ": x ", x.describe(),
+            " has overlapping rows");
+  KEV_CHECK(out.shape[0] <= 1 || out.stride[0] >= out.shape[1], ErrorCode::InvalidRequest, c.op, ": out ",
+            out.describe(), " has overlapping rows");
+  KEV_TRY(cpu::check_no_overlap(c, "out", out, "x", x));
+  return cpu::check_no_overlap(c, "out", out, "w", w);
+}
+
+Status check_gdn(const OpCheck& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                 const Tensor& beta, const Tensor& state_in, const Tensor& out, const Tensor& state_out) {
+  KEV_TRY(cpu::check_gated_delta_rule(c, q, k, v, g, beta, state_in, out, state_out));
+  const int64_t Hk = q.shape[1], dk = q.shape[2], Hv = v.shape[1], dv = v.shape[2];
+  KEV_TRY(check_grid(c, "n_tokens", q.shape[0]));
+  KEV_CHECK(cuda::gated_delta_rule_supported(static_cast<int>(Hk), static_cast<int>(Hv), static_cast<int>(dk),
+                                             static_cast<int>(dv)),
+            ErrorCode::Unsupported, c.op, ": the GPU kernel does not handle Hk=", Hk, " Hv=", Hv, " dk=", dk,
+            " dv=", dv);
+  return Status::success();
+}
+
+Status check_attn(const OpCheck& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& prefix_k,
+                  const Tensor& prefix_v, const Tensor& out) {
+  KEV_TRY(cpu::check_attention(c, q, k, v, prefix_k, prefix_v, out));
+  const int64_t H = q.shape[1], hd = q.shape[2], Hkv = k.shape[1];
+  if (present(c, prefix_k)) KEV_TRY(check_grid(c, "prefix length", prefix_k.shape[0]));
+  KEV_TRY(check_grid(c, "n_tokens", q.shape[0]));
+  KEV_CHECK(cuda::attention_supported(static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(hd)),
+            ErrorCode::Unsupported, c.op, ": the GPU kernel does not handle H=", H, " Hkv=", Hkv, " hd=", hd);
+  return Status::success();
+}
+
+// The same shape with contiguous strides (where a staged copy of `t` goes).
+cuda::Rows contiguous_rows(const Tensor& t) {
+  cuda::Rows r = rows_of(t);
+  int64_t stride = t.dim(-1);
+  for (int i = r.n_outer - 1; i >= 0; --i) {
+    r.stride[i] = stride;
+    stride *= r.shape[i];
+  }
+  return r;
+}
+
+// Operands in a layout a launcher cannot take are copied to contiguous scratch (inputs before the
+// kernel, outputs after it); the copies are part of the op's command.
+struct Restage {
+  struct Job {
+    const float* src;
+    cuda::Rows src_rows;
+    float* dst;
+    cuda::Rows dst_rows;
+    int64_t d;
+  };
+  std::vector<Job> before, after;
+
+  static Status run(const std::vector<Job>& jobs, cudaStream_t s) {
+    for (const Job& j : jobs) {
+      KEV_TRY(launched(cuda::launch_copy(j.src, false, j.src_rows, j.dst, false, j.dst_rows, j.d, s),
+                       "restaging copy"));
+    }
+    return Status::success();
+  }
+};
+
+// Rows of every operand of a row-wise op fit the grid.
+Status check_rows(const OpCheck& c, const Tensor& t) { return check_grid(c, "rows", cpu::n_rows(t)); }
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const BackendOptions& options) : options_(options) {}
+
+  Status open() {
+    if (options_.audit_only) {
+      device_text_ = "audit only (no device opened)";
+      return Status::success();
+    }
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return Status(ErrorCode::Unsupported,
+                    cat("cuda backend: no usable CUDA device: ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
+                        ")",
+                        err == cudaErrorInsufficientDriver
+                            ? "; the NVIDIA driver is missing or older than this build's CUDA runtime"
+                            : ""));
+    }
+    KEV_CHECK(count > 0, ErrorCode::Unsupported, "cuda backend: no CUDA device found");
+    KEV_CHECK(options_.device >= 0 && options_.device < count, ErrorCode::InvalidRequest, "cuda backend: device ",
+              options_.device, " does not exist; this machine has ", count, " CUDA device(s) (0..", count - 1, ")");
+    device_ = options_.device;
+    KEV_CUDA_TRY(cudaSetDevice(device_));
+    cudaDeviceProp prop{};
+    KEV_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));
+    KEV_CHECK(prop.major >= kMinComputeMajor, ErrorCode::Unsupported, "cuda backend: ", prop.name, " is sm_",
+              prop.major, prop.minor, "; the CUDA backend needs sm_80 (Ampere) or newer");
+    const cudaError_t image = cuda::probe_kernel_image();
+    if (image != cudaSuccess) {
+      cudaGetLastError();
+      return Status(ErrorCode::Unsupported, cat("cuda backend: this build has no kernels for ", prop.name, " (sm_",
+                                                prop.major, prop.minor, "): ", cudaGetErrorString(image),
+                                                "; rebuild with CMAKE_CUDA_ARCHITECTURES including ", prop.major,
+                                                prop.minor));
+    }
+    int runtime = 0;
+    KEV_CUDA_TRY(cudaRuntimeGetVersion(&runtime));
+    pool_ = std::make_shared<cuda::DevicePool>(device_);
+    recorder_ = std::make_unique<cuda::PassRecorder>(device_, pool_, options_.cuda_graphs);
+    KEV_TRY(recorder_->init());
+    KEV_ASSIGN_OR_RETURN(gemm_workspace_, pool_->acquire(kGemmWorkspace));
+    KEV_TRY(gemm_.init(gemm_workspace_, kGemmWorkspace));
+    total_memory_ = prop.totalGlobalMem;
+    device_text_ = cat(prop.name, " (sm_", prop.major, prop.minor, ", ",
+                       std::round(static_cast<double>(prop.totalGlobalMem) / double(1ull << 30) * 10) / 10,
+                       " GiB), CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", cuBLASLt ",
+                       gemm_.cublaslt_version(), options_.cuda_graphs ? ", graphs" : ", no graphs");
+    return Status::success();
+  }
+
+  ~CudaBackend() override {
+    if (gemm_workspace_) pool_->release(gemm_workspace_);
+  }
+
+  BackendInfo info() const override {
+    BackendInfo bi;
+    bi.name = "cuda";
+    bi.device = device_text_;
+    bi.activation_dtype = DType::F32;
+    if (total_memory_) bi.max_buffer_bytes = total_memory_;
+    return bi;
+  }
+
+  bool supports(const OpDesc& desc) const override;
+
+  CudaPoolStats pool_stats() const { return pool_ ? pool_->stats() : CudaPoolStats{}; }
+  CudaGraphStats graph_stats() const {
+    CudaGraphStats s;
+    if (recorder_) {
+      s.captures = recorder_->graph_captures();
+      s.launches = recorder_->graph_launches();
+      s.cached = recorder_->cached_graphs();
+      s.capture_failures = recorder_->capture_failures();
+    }
+    return s;
+  }
+
+  // ---- memory ---------------------------------------------------------------------------------
+  Result<std::shared_ptr<Buffer>> alloc(size_t bytes, BufferUsage usage) override {
+    KEV_TRY(ready("alloc"));
+    Result<void*> block = pool_->acquire(bytes);
+    if (!block.ok()) {
+      // Cached blocks may still be named by recorded commands: run them before freeing the cache.
+      KEV_TRY(recorder_->flush());
+      pool_->trim();
+      block = pool_->acquire(bytes);
+    }
+    KEV_TRY(block.status());
+    return std::shared_ptr<Buffer>(std::make_shared<CudaBuffer>(pool_, block.value(), bytes, usage));
+  }
+
+  Status upload(const Tensor& dst, const void* src, size_t bytes) override {
+    KEV_TRY(ready("upload"));
+    KEV_TRY(check_transfer("upload", dst, bytes, true));
+    KEV_CHECK(src != nullptr || bytes == 0, ErrorCode::InvalidRequest, "upload: source pointer is null");
+    if (bytes == 0) return Status::success();
+    const bool weights = static_cast<const CudaBuffer*>(dst.buffer)->usage() == BufferUsage::Weights;
+    if (weights || (recorder_->empty() && bytes > kSyncUploadBytes)) {
+      KEV_TRY(recorder_->flush());  // keeps the order with anything recorded before
+      KEV_CUDA_TRY(cudaSetDevice(device_));
+      KEV_CUDA_TRY(cudaMemcpyAsync(dptr<char>(dst), src, bytes, cudaMemcpyHostToDevice, recorder_->stream()));
+      KEV_CUDA_TRY(cudaStreamSynchronize(recorder_->stream()));
+      return Status::success();
+    }
+    return recorder_->record_upload(dptr<char>(dst), src, bytes);
+  }
+
+  Status download(const Tensor& src, void* dst, size_t bytes) override {
+    KEV_TRY(ready("download"));
+    KEV_TRY(check_transfer("download", src, bytes, true));
+    KEV_CHECK(dst != nullptr || bytes == 0, ErrorCode::InvalidRequest, "download: destination pointer is null");
+    KEV_TRY(recorder_->flush());
+    if (bytes == 0) return Status::success();
+    KEV_CUDA_TRY(cudaSetDevice(device_));
+    KEV_CUDA_TRY(cudaMemcpyAsync(dst, dptr<char>(src), bytes, cudaMemcpyDeviceToHost, recorder_->stream()));
+    KEV_CUDA_TRY(cudaStreamSynchronize(recorder_->stream()));
+    return Status::success();
+  }
+
+  Status fill_zero(const Tensor& dst) override {
+    KEV_TRY(ready("fill_zero"));
+    KEV_TRY(check_transfer("fill_zero", dst, 0, false));
+    const size_t bytes = dst.span_bytes();
+    if (bytes == 0) return Status::success();
+    char* p = dptr<char>(dst);
+    CommandSig sig;
+    sig.word(bytes);
+    sig.ptr(p);
+    const bool now = recorder_->empty();
+    recorder_->record("fill_zero", sig, [=](cudaStream_t s) -> Status {
+      KEV_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, s));
+      return Status::success();
+    });
+    return now ? recorder_->flush() : Status::success();
+  }
+
+  Status synchronize() override {
+    KEV_TRY(ready("synchronize"));
+    return recorder_->flush();
+  }
+
+  // ---- ops ----------------------------------------------------------------------------------------
+  Status embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+    constexpr const char* kOp = "embedding";
+    KEV_TRY(ready(kOp));
+    KEV_TRY(cpu::check_embedding(bound(kOp), table, ids, out));
+    KEV_TRY(check_grid(bound(kOp), "n", ids.shape[0]));
+    return record_gather(kOp, table, ids, out);
+  }
+
+  Status gather_rows(const Tensor& x, const Tensor& idx, const Tensor& out) override {
+    constexpr const char* kOp = "gather_rows";
+    KEV_TRY(ready(kOp));
+    KEV_TRY(cpu::check_gather_rows(bound(kOp), x, idx, out));
+    KEV_TRY(check_grid(bound(kOp), "m", idx.shape[0]));
+    return record_gather(kOp, x, idx, out);
+  }
+
+  Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
+    constexpr const char* kOp = "rms_norm";
+    KEV_TRY(ready(kOp));
+    KEV_TRY(cpu::check_rms_norm(bound(kOp), x, w, out));
+    cuda::NormArgs a;
+    a.kind = cuda::NormKind::Rms;
+    a.w = f32p(w);
+    return record_norm(kOp, a, x, Tensor{}, w, out, eps);
+  }
+
+  Status l2_norm(const Tensor& x, float eps, float scale, const Tensor& out) override {
+    constexpr const char* kOp = "l2_norm";
+    KEV_TRY(ready(kOp));
+    KEV_TRY(cpu::check_l2_norm(bound(kOp), x, out));
+    cuda::NormArgs a;
+    a.kind = cuda::NormKind::L2;
+    a.scale = scale;
+    return record_norm(kOp, a, x, Tensor{}, Tensor{}, out, eps);
+  }
+
+  Status rms_norm_gated(const Tensor& o, const Tensor& z, const Tensor& w, float eps, const Tensor& out) override {
+    constexpr const char* kOp = "rms_norm_gated";
+    KEV_TRY(ready(kOp));
+    KEV_TRY(cpu::check_rms_norm_gated(bound(kOp), o, z, w, out));
+    cuda::NormArgs a;
+    a.kind = cuda::NormKind::RmsGated;
+    a.w = f32p(w);
+    a.z = f32p(z);
+    a.z_rows = rows_of(z);
+    return record_norm(kOp, a, o, z, w, out, eps);
+  }
+
+  Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
+
+  Status causal_conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& state_in, const SeqLayout& layout,
+                            const Tensor& out, const Tensor& state_out) override;
+
+  Status gdn_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias, const Tensor& beta,
+                   const Tensor& g) override {
+    constexpr const char* kOp = "gdn_gates";
+    KEV_TRY(ready(kOp));
+    KEV_TRY(cpu::check_gdn_gates(bound(kOp), b, a, a_log, dt_bias, beta, g));
+    const int64_t n = b.shape[0], Hv = b.shape[1];
+    KEV_TRY(check_grid(bound(kOp), "n·Hv", n * Hv));
+    CommandSig sig;
+    for (const Tensor* t : {&b, &a, &a_log, &dt_bias, &beta, &g}) sig_tensor(sig, *t);
+    const float *bp = f32p(b), *ap = f32p(a), *alp = f32p(a_log), *dtp = f32p(dt_bias);
+    float *betap = f32p(beta), *gp = f32p(g);
+    const int64_t bs = b.stride[0], as = a.stride[0], betas = beta.stride[0], gs = g.stride[0];
+    recorder_->record(kOp, sig, [=](cudaStream_t s) {
+      return launched(cuda::launch_gdn_gates(bp, bs, ap, as, alp, dtp, betap, betas, gp, gs, n, Hv, s), kOp);
+    });
+    return Status::success();
+  }
+
+  Status gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                          const Tensor& state_in, const SeqLayout& layout, const Tensor& out,
+                          const Tensor& state_out) override;
+
+  Status rope(const Tensor& x, const SeqLayout& layout, int64_t n_rot, double theta) override;
+
+  Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& prefix_k, const Tensor& prefix_v,
+                   const SeqLayout& layout, float scale, const Tensor& out) override;
+
+  Status sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) override {
+    return record_binary("sigmoid_mul", cuda::BinaryKind::SigmoidMul, x, gate, out);
+  }
+  Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+    return record_binary("swiglu", cuda::BinaryKind::Swiglu, gate, up, out);
+  }
+  Status add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    return record_binary("add", cuda::BinaryKind::Add, a, b, out);
+  }
+
+  Status pointer_logits(const Tensor& u, const Tensor& kappa, const Tensor& question, float scale,
+                        const Tensor& out) override {
+    constexpr const char* kOp = "pointer_logits";
+    KEV_TRY(ready(kOp));
+    KEV_TRY(cpu::check_pointer_logits(bound(kOp), u, kappa, question, out));
+    const int64_t M = kappa.shape[0], P = u.shape[1], Q = u.shape[0];
+    KEV_TRY(check_grid(bound(kOp), "M", M));
+    CommandSig sig;
+    for (const Tensor* t : {&u, &kappa, &question, &out}) sig_tensor(sig, *t);
+    sig.word(scale);
+    const float *up = f32p(u), *kp = f32p(kappa);
+    const int32_t* qp = dptr<const int32_t>(question);
+    float* op = f32p(out);
+    const int64_t us = u.stride[0], ks = kappa.stride[0];
+    recorder_->record(kOp, sig, [=](cudaStream_t s) {
+      return launched(cuda::launch_pointer_logits(up, us, Q, kp, ks, qp, M, P, scale, op, s), kOp);
+    });
+    return Status::success();
+  }
+
+  Status copy(const Tensor& x, const Tensor& out) override {
+    constexpr const char* kOp = "copy";
+    KEV_TRY(ready(kOp));
+    KEV_TRY(cpu::check_copy(bound(kOp), x, out));
+    KEV_TRY(check_rows(bound(kOp), x));
+    CommandSig sig;
+    sig_tensor(sig, x);
+    sig_tensor(sig, out);
+    const void* xp = dptr<const void>(x);
+    void* op = dptr<void>(out);
+    const bool xb = x.dtype == DType::BF16, ob = out.dtype == DType::BF16;
+    const cuda::Rows xr = rows_of(x), orows = rows_of(out);
+    const int64_t d = x.dim(-1);
+    recorder_->record(kOp, sig, [=](cudaStream_t s) {
+      return launched(cuda::launch_copy(xp, xb, xr, op, ob, orows, d, s), kOp);
+    });
+    return Status::success();
+  }
+
+ private:
+  Status ready(const char* what) const {
+    KEV_CHECK(!options_.audit_only, ErrorCode::Unsupported, what,
+              ": this cuda backend was opened audit-only (supports() only; no device)");
+    return Status::success();
+  }
+
+  // A contiguous tensor in one of our buffers, `bytes` long: what upload/download/fill_zero accept.
+  static Status check_transfer(const char* what, const Tensor& t, size_t bytes, bool check_bytes) {
+    const OpCheck c = bound(what);
+    KEV_TRY(cpu::check_tensor_any_rank(c, "tensor", t, {DType::F32, DType::BF16, DType::F16, DType::I32}));
+    KEV_TRY(cpu::check_contiguous(c, "tensor", t));
+    const size_t want = static_cast<size_t>(t.numel()) * dtype_size(t.dtype);
+    KEV_CHECK(!check_bytes || bytes == want, ErrorCode::InvalidRequest, what, ": tensor ", t.describe(), " holds ",
+              want, " bytes but ", bytes, " were given");
+    return Status::success();
+  }
+
+  Status record_gather(const char* op, const Tensor& src, const Tensor& ids, const Tensor& out) {
+    CommandSig sig;
+    for (const Tensor* t : {&src, &ids, &out}) sig_tensor(sig, *t);
+    const void* sp = dptr<const void>(src);
+    const bool bf16 = src.dtype == DType::BF16;
+    const int64_t V = src.shape[0], ss = src.stride[0], n = ids.shape[0], d = out.shape[1], os = out.stride[0];
+    const int32_t* ip = dptr<const int32_t>(ids);
+    float* o = f32p(out);
+    recorder_->record(op, sig, [=](cudaStream_t s) {
+      return launched(cuda::launch_gather_rows(sp, bf16, V, ss, ip, n, d, o, os, s), op);
+    });
+    return Status::success();
+  }
+
+  Status record_norm(const char* op, cuda::NormArgs a, const Tensor& x, const Tensor& z, const Tensor& w,
+                     const Tensor& out, float eps) {
+    KEV_TRY(check_rows(bound(op), x));
+    a.x = f32p(x);
+    a.x_rows = rows_of(x);
+    a.out = f32p(out);
+    a.out_rows = rows_of(out);
+    a.d = x.dim(-1);
+    a.eps = eps;
+    CommandSig sig;
+    for (const Tensor* t : {&x, &z, &w, &out}) sig_tensor(sig, *t);
+    sig.word(eps, a.scale);
+    recorder_->record(op, sig, [=](cudaStream_t s) { return launched(cuda::launch_norm(a, s), op); });
+    return Status::success();
+  }
+
+  Status record_binary(const char* op, cuda::BinaryKind kind, const Tensor& x, const Tensor& y, const Tensor& out) {
+    KEV_TRY(ready(op));
+    KEV_TRY(cpu::check_binary(bound(op), x, y, out));
+    KEV_TRY(check_rows(bound(op), x));
+    CommandSig sig;
+    for (const Tensor* t : {&x, &y, &out}) sig_tensor(sig, *t);
+    const float *xp = f32p(x), *yp = f32p(y);
+    float* op_ = f32p(out);
+    const cuda::Rows xr = rows_of(x), yr = rows_of(y), orows = rows_of(out);
+    const int64_t d = x.dim(-1);
+    recorder_->record(op, sig, [=](cudaStream_t s) {
+      return launched(cuda::launch_binary(kind, xp, xr, yp, yr, op_, orows, d, s), op);
+    });
+    return Status::success();
+  }
+
+  // `t` itself when `as_is`, else a contiguous scratch copy made before (input) or after (output) the
+  // op's kernel.
+  Result<float*> restaged(const Tensor& t, bool as_is, bool output, Restage& r, CommandSig& sig) {
+    if (as_is) return f32p(t);
+    KEV_ASSIGN_OR_RETURN(char* scratch, recorder_->scratch(static_cast<size_t>(t.numel()) * sizeof(float)));
+    float* p = reinterpret_cast<float*>(scratch);
+    sig.ptr(p);
+    if (output) {
+      r.after.push_back({p, contiguous_rows(t), f32p(t), rows_of(t), t.dim(-1)});
+    } else {
+      r.before.push_back({f32p(t), rows_of(t), p, contiguous_rows(t), t.dim(-1)});
+    }
+    return p;
+  }
+
+  BackendOptions options_;
+  int device_ = 0;
+  std::string device_text_;
+  size_t total_memory_ = 0;
+  std::shared_ptr<cuda::DevicePool> pool_;
+  std::unique_ptr<cuda::PassRecorder> recorder_;
+  cuda::GemmRunner gemm_;
+  void* gemm_workspace_ = nullptr;
+};
+
+Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  constexpr const char* kOp = "matmul";
+  KEV_TRY(ready(kOp));
+  KEV_TRY(check_cuda_matmul(bound(kOp), x, w, bias, out));
+  const int64_t n = x.shape[0], k = x.shape[1], m = w.shape[0];
+  if (n == 0 || m == 0) return Status::success();
+  // A single row's stride is never stepped over; cuBLASLt still wants it >= the row length.
+  const int64_t ldx = n > 1 ? x.stride[0] : std::max<int64_t>(k, 1);
+  const int64_t ldo = n > 1 ? out.stride[0] : std::max<int64_t>(m, 1);
+  const bool w_bf16 = w.dtype == DType::BF16;
+  const float* xp = f32p(x);
+  const void* wp = dptr<const void>(w);
+  const float* bp = f32p(bias);
+  float* op = f32p(out);
+  CommandSig sig;
+  for (const Tensor* t : {&x, &w, &bias, &out}) sig_tensor(sig, *t);
+  if (k == 0) {
+    recorder_->record(kOp, sig, [=](cudaStream_t s) {
+      return launched(cuda::launch_bias_rows(op, ldo, bp, true, n, m, s), kOp);
+    });
+    return Status::success();
+  }
+  uint16_t* xs = nullptr;
+  if (w_bf16) {
+    KEV_ASSIGN_OR_RETURN(char* scratch, recorder_->scratch(static_cast<size_t>(n * k) * sizeof(uint16_t)));
+    xs = reinterpret_cast<uint16_t*>(scratch);
+    sig.ptr(xs);
+  }
+  cuda::GemmShape shape;
+  shape.n = n;
+  shape.k = k;
+  shape.m = m;
+  shape.ldx = w_bf16 ? k : ldx;
+  shape.ldo = ldo;
+  shape.w_bf16 = w_bf16;
+  shape.align_x = w_bf16 ? cuda::column_alignment(xs, k * 2) : cuda::column_alignment(xp, ldx * 4);
+  shape.align_w = cuda::column_alignment(wp, k * static_cast<int64_t>(dtype_size(w.dtype)));
+  shape.align_out = cuda::column_alignment(op, ldo * 4);
+  KEV_TRY(gemm_.prepare(shape));
+  const cuda::GemmRunner* gemm = &gemm_;
+  recorder_->record(kOp, sig, [=](cudaStream_t s) -> Status {
+    if (xs) KEV_TRY(launched(cuda::launch_f32_to_bf16_rows(xp, ldx, xs, n, k, s), "matmul input to bf16"));
+    KEV_TRY(gemm->enqueue(shape, xs ? static_cast<const void*>(xs) : xp, wp, op, s));
+    if (bp) KEV_TRY(launched(cuda::launch_bias_rows(op, ldo, bp, false, n, m, s), "matmul bias"));
+    return Status::success();
+  });
+  return Status::success();
+}
+
+Status CudaBackend::causal_conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& state_in,
+                                       const SeqLayout& layout, const Tensor& out, const Tensor& state_out) {
+  constexpr const char* kOp = "causal_conv1d_silu";
+  KEV_TRY(ready(kOp));
+  KEV_TRY(cpu::check_causal_conv1d_silu(bound(kOp), x, w, state_in, out, state_out));
+  KEV_TRY(cpu::check_layout(kOp, layout, x.shape[0]));
+  KEV_CHECK(!layout.from_prefix || !state_in.empty(), ErrorCode::InvalidRequest, kOp,
+            ": layout.from_prefix is set but state_in is empty");
+  KEV_CHECK(state_out.empty() || layout.n_seqs() == 1, ErrorCode::InvalidRequest, kOp,
+            ": state_out is only defined for a single-sequence pass; this pass has ", layout.n_seqs(), " sequences");
+  KEV_TRY(check_grid(bound(kOp), "n_tokens", x.shape[0]));
+  KEV_TRY(check_grid(bound(kOp), "n_seqs", layout.n_seqs()));
+  KEV_ASSIGN_OR_RETURN(const int32_t* offsets, recorder_->offsets(layout));
+  cuda::ConvArgs a;
+  a.x = f32p(x);
+  a.x_stride = x.stride[0];
+  a.w = f32p(w);
+  a.prefix = layout.from_prefix ? f32p(state_in) : nullptr;
+  a.out = f32p(out);
+  a.out_stride = out.stride[0];
+  a.state_out = f32p(state_out);
+  a.offsets = offsets;
+  a.n_tokens = x.shape[0];
+  a.C = x.shape[1];
+  a.K = w.shape[1];
+  a.n_seqs = static_cast<int>(layout.n_seqs());
+  CommandSig sig;
+  for (const Tensor* t : {&x, &w, &state_in, &out, &state_out}) sig_tensor(sig, *t);
+  sig.word(layout.n_seqs(), layout.from_prefix);
+  sig.ptr(offsets);
+  recorder_->record(kOp, sig, [=](cudaStream_t s) { return launched(cuda::launch_causal_conv1d_silu(a, s), kOp); });
+  return Status::success();
+}
+
+Status CudaBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                     const Tensor& beta, const Tensor& state_in, const SeqLayout& layout,
+                                     const Tensor& out, const Tensor& state_out) {
+  constexpr const char* kOp = "gated_delta_rule";
+  KEV_TRY(ready(kOp));
+  KEV_TRY(check_gdn(bound(kOp), q, k, v, g, beta, state_in, out, state_out));
+  KEV_TRY(cpu::check_layout(kOp, layout, q.shape[0]));
+  KEV_CHECK(!layout.from_prefix || !state_in.empty(), ErrorCode::InvalidRequest, kOp,
+            ": layout.from_prefix is set but state_in is empty");
+  KEV_CHECK(state_out.empty() || layout.n_seqs() == 1, ErrorCode::InvalidRequest, kOp,
+            ": state_out is only defined for a single-sequence pass; this pass has ", layout.n_seqs(), " sequences");
+  KEV_TRY(check_grid(bound(kOp), "n_seqs", layout.n_seqs()));
+  const float* sin = layout.from_prefix ? f32p(state_in) : nullptr;
+  float* sout = f32p(state_out);
+  const size_t state_bytes = static_cast<size_t>(v.shape[1] * q.shape[2] * v.shape[2]) * sizeof(float);
+  CommandSig sig;
+  for (const Tensor* t : {&q, &k, &v, &g, &beta, &state_in, &out, &state_out}) sig_tensor(sig, *t);
+  sig.word(layout.n_seqs(), layout.from_prefix);
+  if (q.shape[0] == 0) {
+    // No tokens: the final state is the initial one.
+    if (!sout) return Status::success();
+    recorder_->record(kOp, sig, [=](cudaStream_t s) -> Status {
+      if (sin == sout) return Status::success();
+      if (sin) {
+        KEV_CUDA_TRY(cudaMemcpyAsync(sout, sin, state_bytes, cudaMemcpyDeviceToDevice, s));
+      } else {
+        KEV_CUDA_TRY(cudaMemsetAsync(sout, 0, state_bytes, s));
+      }
+      return Status::success();
+    });
+    return Status::success();
+  }
+  KEV_ASSIGN_OR_RETURN(const int32_t* offsets, recorder_->offsets(layout));
+  const int64_t n = q.shape[0], Hk = q.shape[1], dk = q.shape[2], Hv = v.shape[1], dv = v.shape[2];
+  // The kernel wants heads contiguous within a token, one token stride for q and k and one for g and
+  // beta; other views (e.g. per-head padded q/k) go through contiguous copies.
+  const bool qk_ok = (Hk <= 1 || (q.stride[1] == dk && k.stride[1] == dk)) && same_stride(q, k, 0);
+  const bool gates_ok = same_stride(g, beta, 0);
+  const bool v_ok = Hv <= 1 || v.stride[1] == dv, out_ok = Hv <= 1 || out.stride[1] == dv;
+  Restage restage;
+  KEV_ASSIGN_OR_RETURN(float* qp, restaged(q, qk_ok, false, restage, sig));
+  KEV_ASSIGN_OR_RETURN(float* kp, restaged(k, qk_ok, false, restage, sig));
+  KEV_ASSIGN_OR_RETURN(float* vp, restaged(v, v_ok, false, restage, sig));
+  KEV_ASSIGN_OR_RETURN(float* gp, restaged(g, gates_ok, false, restage, sig));
+  KEV_ASSIGN_OR_RETURN(float* bp, restaged(beta, gates_ok, false, restage, sig));
+  KEV_ASSIGN_OR_RETURN(float* op, restaged(out, out_ok, true, restage, sig));
+  cuda::GdnArgs a;
+  a.q = qp;
+  a.k = kp;
+  a.qk_token_stride = qk_ok ? q.stride[0] : Hk * dk;
+  a.v = vp;
+  a.v_token_stride = v_ok ? v.stride[0] : Hv * dv;
+  a.g = gp;
+  a.beta = bp;
+  a.gate_token_stride = gates_ok ? g.stride[0] : Hv;
+  a.state_in = sin;
+  a.out = op;
+  a.out_token_stride = out_ok ? out.stride[0] : Hv * dv;
+  a.state_out = sout;
+  a.offsets = offsets;
+  a.n_seqs = static_cast<int>(layout.n_seqs());
+  a.n_tokens = static_cast<int>(n);
+  a.Hk = static_cast<int>(Hk);
+  a.Hv = static_cast<int>(Hv);
+  a.dk = static_cast<int>(dk);
+  a.dv = static_cast<int>(dv);
+  // state_out may be the identical view of state_in (a state pass updating its snapshot in place);
+  // the kernel then reads a copy, so it never depends on the order its blocks read and write.
+  float* state_copy = nullptr;
+  if (sin && sout && sin == sout) {
+    KEV_ASSIGN_OR_RETURN(char* c, recorder_->scratch(state_bytes));
+    state_copy = reinterpret_cast<float*>(c);
+    a.state_in = state_copy;
+  }
+  KEV_ASSIGN_OR_RETURN(char* ws, recorder_->scratch(cuda::gated_delta_rule_workspace_bytes(a)));
+  sig.ptr(offsets, state_copy, ws);
+  recorder_->record(kOp, sig, [=](cudaStream_t s) -> Status {
+    KEV_TRY(Restage::run(restage.before, s));
+    if (state_copy) KEV_CUDA_TRY(cudaMemcpyAsync(state_copy, sin, state_bytes, cudaMemcpyDeviceToDevice, s));
+    KEV_TRY(launched(cuda::launch_gated_delta_rule(a, ws, s), kOp));
+    return Restage::run(restage.after, s);
+  });
+  return Status::success();
+}
+
+Status CudaBackend::rope(const Tensor& x, const SeqLayout& layout, int64_t n_rot, double theta) {
+  constexpr const char* kOp = "rope";
+  KEV_TRY(ready(kOp));
+  KEV_TRY(cpu::check_rope(bound(kOp), x));
+  KEV_TRY(cpu::check_layout(kOp, layout, x.shape[0]));
+  const int64_t hd = x.shape[2];
+  KEV_CHECK(n_rot >= 0 && n_rot % 2 == 0 && n_rot <= hd, ErrorCode::InvalidRequest, kOp, ": n_rot = ", n_rot,
+            " must be even and within [0, head size ", hd, "]");
+  KEV_CHECK(theta > 0 && std::isfinite(theta), ErrorCode::InvalidRequest, kOp, ": theta = ", theta,
+            " must be positive and finite");
+  KEV_TRY(check_grid(bound(kOp), "n_tokens·n_rot/2", x.shape[0] * (n_rot / 2)));
+  KEV_TRY(check_grid(bound(kOp), "n_seqs", layout.n_seqs()));
+  if (n_rot == 0 || x.shape[0] == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(const int32_t* offsets, recorder_->offsets(layout));
+  cuda::RopeArgs a;
+  a.x = f32p(x);
+  a.stride_token = x.stride[0];
+  a.stride_head = x.stride[1];
+  a.n_tokens = x.shape[0];
+  a.H = x.shape[1];
+  a.n_rot = n_rot;
+  a.theta = theta;
+  a.pos0 = layout.pos0;
+  a.offsets = offsets;
+  a.n_seqs = static_cast<int>(layout.n_seqs());
+  CommandSig sig;
+  sig_tensor(sig, x);
+  sig.word(n_rot, theta, layout.pos0, layout.n_seqs());
+  sig.ptr(offsets);
+  recorder_->record(kOp, sig, [=](cudaStream_t s) { return launched(cuda::launch_rope(a, s), kOp); });
+  return Status::success();
+}
+
+Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& prefix_k,
+                              const Tensor& prefix_v, const SeqLayout& layout, float scale, const Tensor& out) {
+  constexpr const char* kOp = "attention";
+  KEV_TRY(ready(kOp));
+  KEV_TRY(check_attn(bound(kOp), q, k, v, prefix_k, prefix_v, out));
+  KEV_TRY(cpu::check_layout(kOp, layout, q.shape[0]));
+  KEV_CHECK(!layout.from_prefix || !prefix_k.empty(), ErrorCode::InvalidRequest, kOp,
+            ": layout.from_prefix is set but prefix_k / prefix_v are empty");
+  KEV_TRY(check_grid(bound(kOp), "n_seqs", layout.n_seqs()));
+  if (q.shape[0] == 0) return Status::success();
+  const bool use_prefix = layout.from_prefix && prefix_k.shape[0] > 0;
+  KEV_ASSIGN_OR_RETURN(const int32_t* offsets, recorder_->offsets(layout));
+  // The kernel takes one set of strides for k and v and contiguous prefix K/V; other views go through
+  // contiguous copies.
+  const bool kv_ok = same_stride(k, v, 0) && same_stride(k, v, 1);
+  const bool prefix_ok = !use_prefix || (prefix_k.is_contiguous() && prefix_v.is_contiguous());
+  CommandSig sig;
+  for (const Tensor* t : {&q, &k, &v, &prefix_k, &prefix_v, &out}) sig_tensor(sig, *t);
+  Restage restage;
+  KEV_ASSIGN_OR_RETURN(float* kp, restaged(k, kv_ok, false, restage, sig));
+  KEV_ASSIGN_OR_RETURN(float* vp, restaged(v, kv_ok, false, restage, sig));
+  float *pkp = nullptr, *pvp = nullptr;
+  if (use_prefix) {
+    KEV_ASSIGN_OR_RETURN(pkp, restaged(prefix_k, prefix_ok, false, restage, sig));
+    KEV_ASSIGN_OR_RETURN(pvp, restaged(prefix_v, prefix_ok, false, restage, sig));
+  }
+  const int64_t Hkv = k.shape[1], hd = q.shape[2];
+  cuda::AttentionArgs a;
+  a.q = f32p(q);
+  a.q_token_stride = q.stride[0];
+  a.q_head_stride = q.stride[1];
+  a.k = kp;
+  a.v = vp;
+  a.kv_token_stride = kv_ok ? k.stride[0] : Hkv * hd;
+  a.kv_head_stride = kv_ok ? k.stride[1] : hd;
+  a.prefix_k = pkp;
+  a.prefix_v = pvp;
+  a.prefix_len = use_prefix ? prefix_k.shape[0] : 0;
+  a.out = f32p(out);
+  a.out_token_stride = out.stride[0];
+  a.out_head_stride = out.stride[1];
+  a.offsets = offsets;
+  a.n_seqs = static_cast<int>(layout.n_seqs());
+  a.n_tokens = static_cast<int>(q.shape[0]);
+  a.H = static_cast<int>(q.shape[1]);
+  a.Hkv = static_cast<int>(Hkv);
+  a.hd = static_cast<int>(hd);
+  a.scale = scale;
+  KEV_ASSIGN_OR_RETURN(char* ws, recorder_->scratch(cuda::attention_workspace_bytes(a)));
+  sig.word(scale, layout.n_seqs(), use_prefix);
+  sig.ptr(offsets, ws);
+  recorder_->record(kOp, sig, [=](cudaStream_t s) -> Status {
+    KEV_TRY(Restage::run(restage.before, s));
+    return launched(cuda::launch_attention(a, ws, s), kOp);
+  });
+  return Status::success();
+}
+
+bool CudaBackend::supports(const OpDesc& desc) const {
+  const std::vector<Tensor>& t = desc.operands;
+  const OpCheck c = shapes(op_name(desc.op));
+  auto arity = [&](size_t n) { return t.size() == n; };
+  switch (desc.op) {
+    case OpKind::Embedding: return arity(3) && cpu::check_embedding(c, t[0], t[1], t[2]).ok();
+    case OpKind::RmsNorm: return arity(3) && cpu::check_rms_norm(c, t[0], t[1], t[2]).ok();
+    case OpKind::Matmul: return arity(4) && check_cuda_matmul(c, t[0], t[1], t[2], t[3]).ok();
+    case OpKind::CausalConv1dSilu:
+      return arity(5) && cpu::check_causal_conv1d_silu(c, t[0], t[1], t[2], t[3], t[4]).ok();
+    case OpKind::GdnGates: return arity(6) && cpu::check_gdn_gates(c, t[0], t[1], t[2], t[3], t[4], t[5]).ok();
+    case OpKind::L2Norm: return arity(2) && cpu::check_l2_norm(c, t[0], t[1]).ok();
+    case OpKind::GatedDeltaRule:
+      return arity(8) && check_gdn(c, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]).ok();
+    case OpKind::RmsNormGated: return arity(4) && cpu::check_rms_norm_gated(c, t[0], t[1], t[2], t[3]).ok();
+    case OpKind::Rope: return arity(1) && cpu::check_rope(c, t[0]).ok();
+    case OpKind::Attention: return arity(6) && check_attn(c, t[0], t[1], t[2], t[3], t[4], t[5]).ok();
+    case OpKind::SigmoidMul:
+    case OpKind::Swiglu:
+    case OpKind::Add: return arity(3) && cpu::check_binary(c, t[0], t[1], t[2]).ok();
+    case OpKind::GatherRows: return arity(3) && cpu::check_gather_rows(c, t[0], t[1], t[2]).ok();
+    case OpKind::PointerLogits: return arity(4) && cpu::check_pointer_logits(c, t[0], t[1], t[2], t[3]).ok();
+    case OpKind::Copy: return arity(2) && cpu::check_copy(c, t[0], t[1]).ok();
+    case OpKind::kCount: return false;
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Backend>> create_cuda_backend(const BackendOptions& options) {
+  auto backend = std::make_shared<CudaBackend>(options);
+  KEV_TRY(backend->open());
+  return std::shared_ptr<Backend>(std::move(backend));
+}
+
+Result<CudaPoolStats> cuda_pool_stats(const Backend& backend) {
+  const auto* b = dynamic_cast<const CudaBackend*>(&backend);
+  KEV_CHECK(b != nullptr, ErrorCode::InvalidRequest, "cuda_pool_stats: backend '", backend.info().name,
+            "' is not a CUDA backend");
+  return b->pool_stats();
+}
+
+Result<CudaGraphStats> cuda_graph_stats(const Backend& backend) {
+  const auto* b = dynamic_cast<const CudaBackend*>(&backend);
+  KEV_CHECK(b != nullptr, ErrorCode::InvalidRequest, "cuda_graph_stats: backend '", backend.info().name,
+            "' is not a CUDA backend");
+  return b->graph_stats();
+}
+
+}  // namespace kev

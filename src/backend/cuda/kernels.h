@@ -1,0 +1,99 @@
+// Launchers of the CUDA backend's own kernels (the .cu file of each family documents its math, layout
+// and launch shape). Plain C++ so the backend's .cpp files can call them; every launcher enqueues on
+// `stream` and returns cudaGetLastError() after its launches. Launch configurations depend only on
+// shapes, n_tokens and n_seqs (and on pointer alignment, which a recorded pass's signature pins), never
+// on the values of ids or offsets, so a captured graph stays valid for new inputs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kev::cuda {
+
+// The innermost rows of a strided tensor of rank 1..4: row r (row-major over the outer dims) starts at
+// element offset Σ idx_i · stride[i].
+struct Rows {
+  int n_outer = 0;  // rank - 1
+  int64_t shape[3] = {1, 1, 1};
+  int64_t stride[3] = {0, 0, 0};
+  int64_t count() const { return shape[0] * shape[1] * shape[2]; }
+};
+
+// gather.cu. src F32 or BF16 rows [V, d] (row stride src_stride); out[i,:] = src[ids[i],:] as F32.
+cudaError_t launch_gather_rows(const void* src, bool src_bf16, int64_t V, int64_t src_stride, const int32_t* ids,
+                               int64_t n, int64_t d, float* out, int64_t out_stride, cudaStream_t stream);
+
+// norms.cu. Row-wise over d = innermost length.
+enum class NormKind { Rms, L2, RmsGated };
+struct NormArgs {
+  NormKind kind = NormKind::Rms;
+  const float* x = nullptr;  // rms/l2: x; gated: o
+  Rows x_rows;
+  const float* z = nullptr;  // gated only
+  Rows z_rows;
+  const float* w = nullptr;  // rms: gain 1 + w; gated: gain w; l2: unused
+  float* out = nullptr;
+  Rows out_rows;
+  int64_t d = 0;
+  float eps = 0.0f, scale = 1.0f;
+};
+cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream);
+
+// elementwise.cu.
+enum class BinaryKind { SigmoidMul, Swiglu, Add };
+cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr, float* out,
+                          const Rows& outr, int64_t d, cudaStream_t stream);
+// beta = σ(b), g = −exp(a_log)·softplus(a + dt_bias); b, a, beta, g [n,Hv] with row strides.
+cudaError_t launch_gdn_gates(const float* b, int64_t b_stride, const float* a, int64_t a_stride, const float* a_log,
+                             const float* dt_bias, float* beta, int64_t beta_stride, float* g, int64_t g_stride,
+                             int64_t n, int64_t Hv, cudaStream_t stream);
+// out = x with F32/BF16 on either side (BF16 rounds to nearest even, NaN kept quiet).
+cudaError_t launch_copy(const void* x, bool x_bf16, const Rows& xr, void* out, bool out_bf16, const Rows& outr,
+                        int64_t d, cudaStream_t stream);
+// out [n, m] (row stride ld): out[i, j] += bias[j], or with `overwrite` out[i, j] = bias[j] (0 when
+// bias is null; matmul with k = 0).
+cudaError_t launch_bias_rows(float* out, int64_t ld, const float* bias, bool overwrite, int64_t n, int64_t m,
+                             cudaStream_t stream);
+// Launch-free check that this binary holds code for the current device (cudaErrorNoKernelImageForDevice
+// otherwise).
+cudaError_t probe_kernel_image();
+
+// matmul input conversion (elementwise.cu): dst[n, k] BF16 contiguous = round(x[n, k]) (row stride ldx).
+cudaError_t launch_f32_to_bf16_rows(const float* x, int64_t ldx, uint16_t* dst, int64_t n, int64_t k,
+                                    cudaStream_t stream);
+
+// causal_conv1d.cu. prefix (= state_in or null), state_out optional (single sequence).
+struct ConvArgs {
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  const float* w = nullptr;       // [C, K]
+  const float* prefix = nullptr;  // [C, K] or null (zeros)
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  float* state_out = nullptr;       // [C, K] or null
+  const int32_t* offsets = nullptr;  // device [n_seqs + 1]
+  int64_t n_tokens = 0, C = 0, K = 0;
+  int n_seqs = 0;
+};
+cudaError_t launch_causal_conv1d_silu(const ConvArgs& a, cudaStream_t stream);
+
+// rope.cu. x [n, H, hd] with token stride xs0 and head stride xs1, in place on dims [0, n_rot).
+struct RopeArgs {
+  float* x = nullptr;
+  int64_t stride_token = 0, stride_head = 0;
+  int64_t n_tokens = 0, H = 0;
+  int64_t n_rot = 0;
+  double theta = 0.0;
+  int64_t pos0 = 0;
+  const int32_t* offsets = nullptr;  // device [n_seqs + 1]
+  int n_seqs = 0;
+};
+cudaError_t launch_rope(const RopeArgs& a, cudaStream_t stream);
+
+// pointer_head.cu. out[j] = (kappa[j] · u[question[j]]) · scale.
+cudaError_t launch_pointer_logits(const float* u, int64_t u_stride, int64_t Q, const float* kappa,
+                                  int64_t kappa_stride, const int32_t* question, int64_t M, int64_t P, float scale,
+                                  float* out, cudaStream_t stream);
+
+}  // namespace kev::cuda

@@ -1,0 +1,160 @@
+// The CUDA backend's execution model: ops are recorded into a per-pass command list and run at the
+// next flush (synchronize / download), either directly or as a CUDA graph.
+//
+//   PassRecorder rec;  KEV_TRY(rec.init(device, pool, /*graphs=*/true));
+//   CommandSig sig;  sig.word(n, d);  sig.ptr(x, out);
+//   rec.record("add", sig, [=](cudaStream_t s) { return launch(...); });
+//   KEV_TRY(rec.flush());                     // runs the pass, one cudaStreamSynchronize
+//
+// Each command carries a signature: its op, shapes, strides and scalars ("shape words") plus every
+// device and staging address it touches ("pointer words"). A flush with graphs on looks for a cached
+// graph exec whose full signature (compared word by word, not only by hash) equals the pass's and
+// launches it. A signature seen for the first time runs directly (warm-up: one-off passes skip the
+// capture cost, and every kernel has run once before capture); on its second sighting the commands
+// are captured on the backend's stream into a graph, which updates a cached exec with the same shape
+// words (cudaGraphExecUpdate: same topology, other addresses) or is instantiated anew; the 32 most
+// recently used execs are kept. Single-command passes (profiling mode synchronises after every op)
+// and graphs-off run the closures directly.
+//
+// Inputs of a pass live at fixed places so a replayed graph sees new data: host bytes are copied into
+// pinned staging chunks at a cursor that restarts every pass (so the same op sequence puts them at
+// the same addresses), and the recorded cudaMemcpyAsync reads them when the pass runs. Device scratch
+// (SeqLayout offsets, the BF16 copy of a matmul input, kernel workspaces) comes from pool chunks the
+// same way. Chunks are only ever added, never moved, so a recorded address stays valid.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/device_pool.h"
+
+namespace kev::cuda {
+
+// One command's signature words (see above).
+struct CommandSig {
+  std::vector<uint64_t> shape;
+  std::vector<uint64_t> ptrs;
+
+  template <class... T>
+  void word(T... v) {
+    (shape.push_back(to_word(v)), ...);
+  }
+  template <class... T>
+  void ptr(T... p) {
+    (ptrs.push_back(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p))), ...);
+  }
+
+ private:
+  template <class T>
+  static uint64_t to_word(T v) {
+    if constexpr (std::is_same_v<T, float>) {
+      uint32_t u;
+      std::memcpy(&u, &v, sizeof(u));
+      return u;
+    } else if constexpr (std::is_same_v<T, double>) {
+      uint64_t u;
+      std::memcpy(&u, &v, sizeof(u));
+      return u;
+    } else {
+      return static_cast<uint64_t>(v);
+    }
+  }
+};
+
+// Chunks of memory handed out at a cursor that restarts every pass.
+class ChunkArena {
+ public:
+  using AllocFn = std::function<Result<void*>(size_t)>;
+  using FreeFn = std::function<void(void*)>;
+  ChunkArena(size_t min_chunk, AllocFn alloc, FreeFn free)
+      : min_chunk_(min_chunk), alloc_(std::move(alloc)), free_(std::move(free)) {}
+  ~ChunkArena();
+  ChunkArena(const ChunkArena&) = delete;
+  ChunkArena& operator=(const ChunkArena&) = delete;
+  // `bytes` at an address aligned to 256 bytes; null for 0 bytes.
+  Result<char*> take(size_t bytes);
+  void restart() { chunk_ = 0, used_ = 0; }
+
+ private:
+  struct Chunk {
+    char* base;
+    size_t size;
+  };
+  size_t min_chunk_;
+  AllocFn alloc_;
+  FreeFn free_;
+  std::vector<Chunk> chunks_;
+  size_t chunk_ = 0, used_ = 0;
+};
+
+class PassRecorder {
+ public:
+  using Enqueue = std::function<Status(cudaStream_t)>;
+
+  PassRecorder(int device, std::shared_ptr<DevicePool> pool, bool graphs);
+  ~PassRecorder();
+  PassRecorder(const PassRecorder&) = delete;
+  PassRecorder& operator=(const PassRecorder&) = delete;
+  Status init();
+
+  cudaStream_t stream() const { return stream_; }
+  bool empty() const { return commands_.empty(); }
+
+  void record(const char* op, const CommandSig& sig, Enqueue enqueue);
+  // Copies `bytes` from host `src` into staging now and records the copy to device `dst`.
+  Status record_upload(void* dst, const void* src, size_t bytes);
+  // Device scratch valid for this pass only (256-byte aligned; null for 0 bytes).
+  Result<char*> scratch(size_t bytes);
+  // The layout's offsets as a device int32 array (uploaded in order; reused while consecutive ops
+  // pass the same offsets).
+  Result<const int32_t*> offsets(const SeqLayout& layout);
+  // Runs the recorded pass and waits for it; the pass is cleared even when it fails.
+  Status flush();
+
+  size_t cached_graphs() const { return graphs_cache_.size(); }
+  uint64_t graph_launches() const { return graph_launches_; }
+  uint64_t graph_captures() const { return graph_captures_; }
+  // Passes whose capture or instantiation failed and that ran directly instead.
+  uint64_t capture_failures() const { return capture_failures_; }
+
+ private:
+  struct Command {
+    const char* op;
+    Enqueue enqueue;
+  };
+  struct GraphEntry {
+    uint64_t hash;
+    std::vector<uint64_t> full, shape;
+    cudaGraphExec_t exec;
+  };
+  Status run_direct();
+  Status run_graph();
+  Status capture(cudaGraph_t* graph);
+  std::string pass_ops() const;
+  void clear_pass();
+
+  int device_;
+  std::shared_ptr<DevicePool> pool_;
+  bool graphs_;
+  cudaStream_t stream_ = nullptr;
+  ChunkArena staging_;
+  ChunkArena scratch_;
+  std::vector<Command> commands_;
+  std::vector<uint64_t> full_, shape_;  // the pass's signature
+  std::vector<int32_t> last_offsets_;
+  const int32_t* last_offsets_dev_ = nullptr;
+  std::list<GraphEntry> graphs_cache_;  // most recently used first
+  std::list<uint64_t> seen_;            // hashes of signatures run once without a graph, newest first
+  uint64_t graph_launches_ = 0, graph_captures_ = 0, capture_failures_ = 0;
+};
+
+}  // namespace kev::cuda

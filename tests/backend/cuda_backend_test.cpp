@@ -1,0 +1,543 @@
+// The CUDA backend against the CPU backend in reference mode: every op case of the shared tables
+// (op_cases_support.cpp), extra gated-delta-rule and attention cases at Kev's shapes and lengths,
+// BF16-weight matmuls, graph replay, the memory pool and operand refusals.
+//
+// Every test that needs a GPU skips, printing why, when create_backend("cuda") fails (no device, old
+// driver, or a build without CUDA). Run on a GPU machine:
+//   build/<dir>/tests/kev_test_backend --gtest_filter='*Cuda*'
+// One op family: --gtest_filter='Cuda/CudaOpVsReference.Matches/gated_delta_rule*'.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <random>
+
+#include "backend/op_harness.h"
+#include "backend/test_tensors.h"
+#include "common/bf16.h"
+#ifdef KEV_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace kev {
+namespace {
+
+using optest::absent;
+using optest::ArgSpec;
+using optest::CaseReport;
+using optest::in;
+using optest::layout_of;
+using optest::lengths_str;
+using optest::normal;
+using optest::OpCase;
+using optest::out;
+using optest::padded;
+
+// The CUDA backend (graphs on or off), or null with the reason it could not be opened.
+std::shared_ptr<Backend> cuda_backend(bool graphs, std::string* why) {
+  static std::shared_ptr<Backend> cache[2];
+  static std::string reason;
+  std::shared_ptr<Backend>& b = cache[graphs ? 1 : 0];
+  if (!b && reason.empty()) {
+    BackendOptions o;
+    o.cuda_graphs = graphs;
+    auto r = create_backend("cuda", o);
+    if (r.ok()) {
+      b = r.value();
+    } else {
+      reason = r.status().to_string();
+    }
+  }
+  if (!b && why) *why = reason;
+  return b;
+}
+
+Backend& cpu_reference() {
+  static std::shared_ptr<Backend> ref;
+  if (!ref) {
+    BackendOptions o;
+    o.reference_mode = true;
+    auto r = create_backend("cpu", o);
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status().to_string();
+      std::abort();
+    }
+    ref = r.value();
+  }
+  return *ref;
+}
+
+#define KEV_CUDA_OR_SKIP(var, graphs)                                           \
+  std::string var##_why;                                                        \
+  std::shared_ptr<Backend> var = cuda_backend(graphs, &var##_why);              \
+  if (!var) GTEST_SKIP() << "CUDA backend unavailable: " << var##_why
+
+// ---- extra op cases: the GPU kernels' edges at Kev's shapes ---------------------------------------
+
+constexpr double kTolReduction = 1e-10;  // as op_cases_support.cpp: FP32 row reductions vs double
+constexpr double kTolGdn = 1e-9;         // as op_cases_support.cpp: chunked FP32 vs the double recurrence
+
+struct GdnShape {
+  int64_t Hk, Hv, dk, dv;
+  const char* name;
+};
+constexpr GdnShape kTiny{2, 4, 32, 32, "tiny"};
+constexpr GdnShape k08b{16, 16, 128, 128, "0.8b"};
+constexpr GdnShape k4b{16, 32, 128, 128, "4b"};
+
+// v is passed as in the forward: a [n,Hv,dv] view with heads contiguous inside a wider token row
+// (the conv output holds q, k and v side by side), built from a padded [n, Hv·dv] operand.
+OpCase gdn_case(GdnShape s, const std::vector<int64_t>& seqs, bool prefix, bool state_out, bool spiky = false) {
+  int64_t n = 0;
+  for (int64_t l : seqs) n += l;
+  const SeqLayout layout = layout_of(seqs, 0, prefix);
+  const float qscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.dk)));
+  const int64_t Hv = s.Hv, v_pad = 2 * s.Hk * s.dk;
+  OpCase c{OpKind::GatedDeltaRule,
+           std::string(s.name) + ",seqs=" + lengths_str(seqs) + (prefix ? ",state=random" : ",state=0") +
+               (state_out ? ",state_out" : "") + (spiky ? ",spiky_decay" : "") + ",v_view",
+           {in("q", {n, s.Hk, s.dk}, optest::l2_rows(qscale)), in("k", {n, s.Hk, s.dk}, optest::l2_rows(1.0)),
+            padded(in("v", {n, s.Hv * s.dv}, normal()), v_pad, 0),
+            in("g", {n, s.Hv}, spiky ? optest::spiky_log_decay() : optest::log_decay()),
+            in("beta", {n, s.Hv}, optest::uniform(0.0, 1.0)),
+            prefix ? in("state_in", {s.Hv, s.dk, s.dv}, normal(0, 0.3)) : absent("state_in"),
+            out("out", {n, s.Hv, s.dv}), state_out ? out("state_out", {s.Hv, s.dk, s.dv}) : absent("state_out")},
+           kTolGdn,
+           [=](Backend& b, const std::vector<Tensor>& t) {
+             return b.gated_delta_rule(t[0], t[1], t[2].split_last(Hv), t[3], t[4], t[5], layout, t[6], t[7]);
+           }};
+  c.desc = [Hv](const std::vector<Tensor>& t) {
+    std::vector<Tensor> d = t;
+    d[2] = t[2].split_last(Hv);
+    return d;
+  };
+  return c;
+}
+
+struct AttnShape {
+  int64_t H, Hkv, hd;
+};
+
+// q is the query half of q_proj's [n,H,2·hd] output (head stride 2·hd), as in the forward.
+OpCase attention_case(AttnShape s, int64_t Ls, const std::vector<int64_t>& seqs) {
+  int64_t n = 0;
+  for (int64_t l : seqs) n += l;
+  const bool prefix = Ls > 0;
+  const SeqLayout layout = layout_of(seqs, Ls, prefix);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hd)));
+  return OpCase{OpKind::Attention,
+                "H=" + std::to_string(s.H) + ",Hkv=" + std::to_string(s.Hkv) + ",hd=" + std::to_string(s.hd) +
+                    ",Ls=" + std::to_string(Ls) + ",seqs=" + lengths_str(seqs) + ",q_view",
+                {padded(in("q", {n, s.H, s.hd}, normal(0, 2)), 0, s.hd), in("k", {n, s.Hkv, s.hd}, normal(0, 2)),
+                 in("v", {n, s.Hkv, s.hd}, normal()),
+                 prefix ? in("prefix_k", {Ls, s.Hkv, s.hd}, normal(0, 2)) : absent("prefix_k"),
+                 prefix ? in("prefix_v", {Ls, s.Hkv, s.hd}, normal()) : absent("prefix_v"),
+                 out("out", {n, s.H, s.hd})},
+                kTolReduction,
+                [=](Backend& b, const std::vector<Tensor>& t) {
+                  return b.attention(t[0], t[1], t[2], t[3], t[4], layout, scale, t[5]);
+                }};
+}
+
+const std::vector<OpCase>& cuda_extra_cases() {
+  static const std::vector<OpCase> cases = [] {
+    std::vector<OpCase> c;
+    for (int64_t T : {1, 63, 64, 65, 130, 200, 2049}) c.push_back(gdn_case(kTiny, {T}, true, true));
+    c.push_back(gdn_case(k4b, {2049}, true, true));
+    c.push_back(gdn_case(k4b, {1}, true, true));
+    c.push_back(gdn_case(k08b, {200}, true, true));
+    c.push_back(gdn_case(k08b, {65}, false, true));
+    c.push_back(gdn_case(k4b, {1, 63, 64, 65, 130, 200}, true, false));
+    c.push_back(gdn_case(k08b, {1, 63, 64, 65, 130, 200}, true, false));
+    c.push_back(gdn_case(kTiny, {1, 63, 64, 65, 130, 200}, false, false));
+    c.push_back(gdn_case(k4b, {130}, true, true, true));
+    c.push_back(gdn_case(kTiny, {200}, true, true, true));
+    const AttnShape a08{8, 2, 256}, a4b{16, 4, 256}, a64{8, 2, 64};
+    c.push_back(attention_case(a08, 0, {70}));
+    c.push_back(attention_case(a08, 1, {5}));
+    c.push_back(attention_case(a08, 325, {1, 7, 64}));
+    c.push_back(attention_case(a4b, 325, {20}));
+    c.push_back(attention_case(a4b, 2049, {3, 40}));
+    c.push_back(attention_case(a08, 2049, {1}));
+    c.push_back(attention_case(a08, 0, {9, 1, 40}));
+    c.push_back(attention_case(a64, 325, {9, 1, 40}));
+    c.push_back(attention_case(a64, 0, {130}));
+    return c;
+  }();
+  return cases;
+}
+
+// Both tables: [0, shared) from all_op_cases(), then the extra cases.
+const OpCase& case_at(size_t i) {
+  const auto& shared = optest::all_op_cases();
+  return i < shared.size() ? shared[i] : cuda_extra_cases()[i - shared.size()];
+}
+size_t case_count() { return optest::all_op_cases().size() + cuda_extra_cases().size(); }
+
+class CudaOpVsReference : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(CudaOpVsReference, Matches) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  const OpCase& c = case_at(GetParam());
+  const CaseReport r = optest::run_case(c, *gpu, cpu_reference());
+  ASSERT_TRUE(r.supported) << r.message;
+  EXPECT_TRUE(r.ok) << r.message;
+  std::cout << r.message;
+}
+
+std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
+  const bool extra = info.param >= optest::all_op_cases().size();
+  return std::string(op_name(case_at(info.param).kind)) + (extra ? "_cuda_" : "_") + std::to_string(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaOpVsReference, ::testing::Range<size_t>(0, case_count()), case_name);
+
+// ---- BF16 weights ---------------------------------------------------------------------------------
+
+// NMSE bound per weight dtype. F32 weights: the table's FP32 reduction bound. BF16 weights: the GPU
+// rounds x to BF16 before the GEMM (relative error <= 2^-9 per element, ~2^-9/sqrt(3) rms), which
+// alone gives an NMSE near 1.3e-6 against an FP32 product with the same (widened) weights; 1e-5
+// leaves headroom for the FP32 accumulation order while an indexing error would still be ~1.
+double matmul_tolerance(DType w) { return w == DType::BF16 ? 1e-5 : kTolReduction; }
+
+std::vector<float> run_matmul(Backend& b, int64_t n, int64_t k, int64_t m, const std::vector<float>& x,
+                              const std::vector<uint16_t>& w_bits, DType w_dtype, const std::vector<float>& bias) {
+  using testing::make_f32;
+  testing::DeviceTensor xt = make_f32(b, {n, k}, x);
+  testing::DeviceTensor wt;
+  if (w_dtype == DType::BF16) {
+    auto buf = b.alloc(w_bits.size() * 2, BufferUsage::Weights);
+    EXPECT_TRUE(buf.ok()) << buf.status().to_string();
+    if (!buf.ok()) return {};
+    wt.buffer = buf.value();
+    wt.t = Tensor::contiguous(wt.buffer.get(), 0, DType::BF16, {m, k});
+    const Status s = b.upload(wt.t, w_bits.data(), w_bits.size() * 2);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+  } else {
+    std::vector<float> wf(w_bits.size());
+    for (size_t i = 0; i < wf.size(); ++i) wf[i] = bf16_to_f32(w_bits[i]);
+    wt = make_f32(b, {m, k}, wf);
+  }
+  testing::DeviceTensor bt = make_f32(b, {m}, bias);
+  testing::DeviceTensor ot = make_f32(b, {n, m});
+  const Status s = b.matmul(xt.t, wt.t, bias.empty() ? Tensor{} : bt.t, ot.t);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return testing::read_f32(b, ot.t);
+}
+
+TEST(CudaMatmul, Bf16WeightsMatchWidenedReference) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  struct Shape {
+    int64_t n, k, m;
+    bool bias;
+  };
+  for (const Shape& s : {Shape{33, 1024, 3584, false}, Shape{7, 2560, 256, true}, Shape{1, 1024, 300, false},
+                         Shape{130, 1024, 67, true}}) {
+    const std::vector<float> x = testing::randn(static_cast<size_t>(s.n * s.k), 1.0f, 11);
+    const std::vector<float> wf = testing::randn(static_cast<size_t>(s.m * s.k), 0.03f, 12);
+    std::vector<uint16_t> w(wf.size());
+    for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]);
+    const std::vector<float> bias = s.bias ? testing::randn(static_cast<size_t>(s.m), 1.0f, 13) : std::vector<float>{};
+    const std::vector<float> got = run_matmul(*gpu, s.n, s.k, s.m, x, w, DType::BF16, bias);
+    const std::vector<float> want = run_matmul(cpu_reference(), s.n, s.k, s.m, x, w, DType::F32, bias);
+    ASSERT_EQ(got.size(), want.size());
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+      ref += double(want[i]) * want[i];
+    }
+    EXPECT_LE(err / ref, matmul_tolerance(DType::BF16)) << "n=" << s.n << " k=" << s.k << " m=" << s.m;
+    // The same weights as F32 on the GPU: no input rounding, the FP32 bound.
+    const std::vector<float> got32 = run_matmul(*gpu, s.n, s.k, s.m, x, w, DType::F32, bias);
+    err = 0;
+    for (size_t i = 0; i < got32.size(); ++i) err += (double(got32[i]) - want[i]) * (double(got32[i]) - want[i]);
+    EXPECT_LE(err / ref, matmul_tolerance(DType::F32)) << "f32 n=" << s.n << " k=" << s.k << " m=" << s.m;
+  }
+}
+
+// ---- graph replay -----------------------------------------------------------------------------------
+
+// A small pass touching every recording path: a staged upload, a layout upload, cuBLASLt, and
+// kernels reading the layout. Buffers are made once per backend so repeated passes name the same
+// addresses (what lets a graph replay).
+struct MiniPass {
+  static constexpr int64_t n = 24, d = 256, m = 128, K = 4;
+  std::shared_ptr<Buffer> buf;
+  Tensor x, w_norm, w_proj, w_conv, state, h, y, z, o;
+
+  explicit MiniPass(Backend& b) {
+    const int64_t floats = n * d + d + m * d + m * K + m * K + n * d + 4 * n * m;
+    auto r = b.alloc(static_cast<size_t>(floats) * 4, BufferUsage::Activations);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (!r.ok()) return;
+    buf = r.value();
+    size_t at = 0;
+    auto take = [&](std::initializer_list<int64_t> shape) {
+      Tensor t = Tensor::contiguous(buf.get(), at, DType::F32, shape);
+      at += static_cast<size_t>(t.numel()) * 4;
+      return t;
+    };
+    x = take({n, d});
+    w_norm = take({d});
+    w_proj = take({m, d});
+    w_conv = take({m, K});
+    state = take({m, K});
+    h = take({n, d});
+    y = take({n, m});
+    z = take({n, m});
+    o = take({n, m});
+    auto put = [&](const Tensor& t, uint64_t seed, float scale) {
+      const std::vector<float> v = testing::randn(static_cast<size_t>(t.numel()), scale, seed);
+      const Status s = b.upload(t, v.data(), v.size() * 4);
+      EXPECT_TRUE(s.ok()) << s.to_string();
+    };
+    put(w_norm, 1, 0.1f);
+    put(w_proj, 2, 0.05f);
+    put(w_conv, 3, 0.5f);
+    put(state, 4, 1.0f);
+    EXPECT_TRUE(b.synchronize().ok());
+  }
+
+  std::vector<float> run(Backend& b, uint64_t input_seed, const std::vector<int64_t>& seqs) {
+    const std::vector<float> xv = testing::randn(static_cast<size_t>(n * d), 1.0f, input_seed);
+    const SeqLayout layout = layout_of(seqs, 7, true);
+    auto ok = [](const Status& s) { EXPECT_TRUE(s.ok()) << s.to_string(); };
+    ok(b.upload(x, xv.data(), xv.size() * 4));
+    ok(b.rms_norm(x, w_norm, 1e-6f, h));
+    ok(b.matmul(h, w_proj, Tensor{}, y));
+    ok(b.rope(y.reshaped({n, 2, m / 2}), layout, 32, 1e4));
+    ok(b.causal_conv1d_silu(y, w_conv, state, layout, z, Tensor{}));
+    ok(b.swiglu(z, y, o));
+    std::vector<float> result(static_cast<size_t>(n * m));
+    ok(b.download(o, result.data(), result.size() * 4));
+    return result;
+  }
+};
+
+TEST(CudaGraphs, ReplayIsBitwiseIdenticalToDirectRuns) {
+  KEV_CUDA_OR_SKIP(graphs, true);
+  KEV_CUDA_OR_SKIP(direct, false);
+  MiniPass pg(*graphs), pd(*direct);
+#ifdef KEV_HAVE_CUDA
+  const CudaGraphStats before = cuda_graph_stats(*graphs).value();
+#endif
+  const std::vector<int64_t> seqs = {5, 11, 8};
+  for (uint64_t seed : {100u, 200u, 100u}) {
+    const std::vector<float> a = pg.run(*graphs, seed, seqs);
+    const std::vector<float> b = pd.run(*direct, seed, seqs);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "graph replay differs from a direct run, seed "
+                                                                 << seed;
+  }
+  // Two passes with different inputs give different outputs (the replay picked up the new staging).
+  EXPECT_NE(pg.run(*graphs, 100, seqs), pg.run(*graphs, 200, seqs));
+#ifdef KEV_HAVE_CUDA
+  const CudaGraphStats after = cuda_graph_stats(*graphs).value();
+  // Five passes of one signature: the first runs directly (warm-up), the second is captured, the
+  // rest replay — unless an earlier identical pass already left its graph cached (then all five replay).
+  EXPECT_LE(after.captures - before.captures, 1u);
+  EXPECT_GE(after.launches - before.launches, 4u);
+  EXPECT_EQ(after.capture_failures, before.capture_failures);
+#endif
+}
+
+// The other kernels' launchers under capture: GDN (with workspace and in-place state) and attention
+// over a prefix, run directly (first sighting), captured (second) and replayed (third) — same bits.
+TEST(CudaGraphs, GatedDeltaRuleAndAttentionReplay) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  using testing::make_f32;
+  using testing::randn;
+  const int64_t n = 70, Hk = 16, Hv = 32, dk = 128, dv = 128, H = 8, Hkv = 2, hd = 256, Ls = 31;
+  const SeqLayout layout = layout_of({30, 40}, Ls, true);
+  auto q = make_f32(*gpu, {n, Hk, dk}), k = make_f32(*gpu, {n, Hk, dk}, randn(n * Hk * dk, 0.09f, 21));
+  auto v = make_f32(*gpu, {n, Hv, dv}, randn(n * Hv * dv, 1.0f, 22));
+  auto g = make_f32(*gpu, {n, Hv}, std::vector<float>(n * Hv, -0.05f));
+  auto beta = make_f32(*gpu, {n, Hv}, std::vector<float>(n * Hv, 0.5f));
+  auto state = make_f32(*gpu, {Hv, dk, dv}, randn(Hv * dk * dv, 0.3f, 23));
+  auto o = make_f32(*gpu, {n, Hv, dv});
+  auto aq = make_f32(*gpu, {n, H, hd}), ak = make_f32(*gpu, {n, Hkv, hd}, randn(n * Hkv * hd, 1.0f, 24));
+  auto av = make_f32(*gpu, {n, Hkv, hd}, randn(n * Hkv * hd, 1.0f, 25));
+  auto pk = make_f32(*gpu, {Ls, Hkv, hd}, randn(Ls * Hkv * hd, 1.0f, 26));
+  auto pv = make_f32(*gpu, {Ls, Hkv, hd}, randn(Ls * Hkv * hd, 1.0f, 27));
+  auto ao = make_f32(*gpu, {n, H, hd});
+  ASSERT_TRUE(gpu->synchronize().ok());  // the setup is a pass of its own
+  auto pass = [&](uint64_t seed) {
+    const std::vector<float> qv = randn(n * Hk * dk, 0.09f, seed), aqv = randn(n * H * hd, 1.0f, seed + 1);
+    EXPECT_TRUE(gpu->upload(q.t, qv.data(), qv.size() * 4).ok());
+    EXPECT_TRUE(gpu->upload(aq.t, aqv.data(), aqv.size() * 4).ok());
+    Status s = gpu->gated_delta_rule(q.t, k.t, v.t, g.t, beta.t, state.t, layout, o.t, Tensor{});
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    s = gpu->attention(aq.t, ak.t, av.t, pk.t, pv.t, layout, 1.0f / 16.0f, ao.t);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    std::vector<float> r = testing::read_f32(*gpu, o.t), ra = testing::read_f32(*gpu, ao.t);
+    r.insert(r.end(), ra.begin(), ra.end());
+    return r;
+  };
+#ifdef KEV_HAVE_CUDA
+  const CudaGraphStats before = cuda_graph_stats(*gpu).value();
+#endif
+  const std::vector<float> first = pass(40);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(pass(40), first) << "replay " << i;
+  EXPECT_NE(pass(50), first);
+  EXPECT_EQ(pass(40), first);
+#ifdef KEV_HAVE_CUDA
+  const CudaGraphStats after = cuda_graph_stats(*gpu).value();
+  EXPECT_EQ(after.capture_failures, before.capture_failures) << "a pass could not be captured into a CUDA graph";
+  EXPECT_GE(after.launches - before.launches, 4u);
+#endif
+}
+
+TEST(CudaGraphs, SameShapeOtherOffsetsMatchesCpu) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  MiniPass pg(*gpu), pc(cpu_reference());
+  // Same n_tokens and n_seqs (so the same graph), different sequence boundaries each pass.
+  for (const std::vector<int64_t>& seqs :
+       {std::vector<int64_t>{5, 11, 8}, std::vector<int64_t>{1, 1, 22}, std::vector<int64_t>{20, 0, 4}}) {
+    const std::vector<float> a = pg.run(*gpu, 300, seqs);
+    const std::vector<float> r = pc.run(cpu_reference(), 300, seqs);
+    ASSERT_EQ(a.size(), r.size());
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      err += (double(a[i]) - r[i]) * (double(a[i]) - r[i]);
+      ref += double(r[i]) * r[i];
+    }
+    EXPECT_LE(err / ref, kTolReduction) << "seqs " << lengths_str(seqs);
+  }
+}
+
+TEST(CudaGraphs, ProfilingStyleSyncAfterEveryOp) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  testing::DeviceTensor a = testing::make_f32(*gpu, {4, 8}, testing::randn(32, 1.0f, 5));
+  testing::DeviceTensor b = testing::make_f32(*gpu, {4, 8}, testing::randn(32, 1.0f, 6));
+  testing::DeviceTensor o = testing::make_f32(*gpu, {4, 8});
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(gpu->add(i == 0 ? a.t : o.t, b.t, o.t).ok());
+    ASSERT_TRUE(gpu->synchronize().ok());
+  }
+  const std::vector<float> got = testing::read_f32(*gpu, o.t);
+  const std::vector<float> av = testing::randn(32, 1.0f, 5), bv = testing::randn(32, 1.0f, 6);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], ((av[i] + bv[i]) + bv[i]) + bv[i]) << i;
+}
+
+// ---- memory pool --------------------------------------------------------------------------------------
+
+TEST(CudaPool, FreedBlocksAreReused) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+#ifdef KEV_HAVE_CUDA
+  const size_t bytes = (size_t{3} << 20) + 123;  // a large class: rounded to 4 MiB
+  const CudaPoolStats s0 = cuda_pool_stats(*gpu).value();
+  auto a = gpu->alloc(bytes, BufferUsage::Activations);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const CudaPoolStats s1 = cuda_pool_stats(*gpu).value();
+  EXPECT_EQ(s1.bytes_in_use - s0.bytes_in_use, size_t{4} << 20);
+  a.value().reset();  // the last reference: the block goes back to the pool
+  const CudaPoolStats s2 = cuda_pool_stats(*gpu).value();
+  EXPECT_EQ(s2.bytes_in_use, s0.bytes_in_use);
+  EXPECT_EQ(s2.bytes_cached - s1.bytes_cached, size_t{4} << 20);
+  auto b = gpu->alloc(bytes - 1000, BufferUsage::PrefixState);  // same class
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const CudaPoolStats s3 = cuda_pool_stats(*gpu).value();
+  EXPECT_EQ(s3.device_allocations, s2.device_allocations) << "a cached block of the class should be reused";
+  EXPECT_EQ(s3.reuses, s2.reuses + 1);
+  EXPECT_EQ(b.value()->size(), bytes - 1000);
+  // A buffer still works after its block was recycled.
+  const std::vector<float> v = testing::randn(16, 1.0f, 9);
+  const Tensor t = Tensor::contiguous(b.value().get(), 0, DType::F32, {16});
+  ASSERT_TRUE(gpu->upload(t, v.data(), 64).ok());
+  EXPECT_EQ(testing::read_f32(*gpu, t), v);
+  EXPECT_FALSE(cuda_pool_stats(cpu_reference()).ok());
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+// ---- operand refusals -----------------------------------------------------------------------------------
+
+Tensor shape_only(DType dt, std::initializer_list<int64_t> shape) {
+  Tensor t;
+  t.dtype = dt;
+  t.rank = static_cast<int>(shape.size());
+  int64_t stride = 1;
+  int i = t.rank - 1;
+  std::vector<int64_t> s(shape);
+  for (; i >= 0; --i) {
+    t.shape[i] = s[i];
+    t.stride[i] = stride;
+    stride *= s[i];
+  }
+  return t;
+}
+
+// supports() works without a device (audit mode), so these run in CI too.
+TEST(CudaSupports, RefusesWhatTheKernelsCannotRun) {
+  BackendOptions o;
+  o.audit_only = true;
+  auto r = create_backend("cuda", o);
+  if (!r.ok()) GTEST_SKIP() << "CUDA backend not built: " << r.status().to_string();
+  Backend& b = *r.value();
+  const Tensor x = shape_only(DType::F32, {4, 8}), out = shape_only(DType::F32, {4, 6});
+  EXPECT_TRUE(b.supports({OpKind::Matmul, {x, shape_only(DType::BF16, {6, 8}), Tensor{}, out}}));
+  EXPECT_TRUE(b.supports({OpKind::Matmul, {x, shape_only(DType::F32, {6, 8}), Tensor{}, out}}));
+  EXPECT_FALSE(b.supports({OpKind::Matmul, {x, shape_only(DType::F16, {6, 8}), Tensor{}, out}}));
+  EXPECT_FALSE(b.supports({OpKind::Matmul, {x, shape_only(DType::F32, {6, 7}), Tensor{}, out}}));
+  // GDN: per-head padded q/k views are accepted (the backend copies them to contiguous scratch), a
+  // value-head count that is not a multiple of the key heads is not.
+  const int64_t n = 5, Hk = 2, Hv = 4, dk = 32, dv = 32;
+  Tensor q = shape_only(DType::F32, {n, Hk, dk});
+  const Tensor k = q, v = shape_only(DType::F32, {n, Hv, dv}), g = shape_only(DType::F32, {n, Hv});
+  const Tensor gdn_out = shape_only(DType::F32, {n, Hv, dv});
+  EXPECT_TRUE(b.supports({OpKind::GatedDeltaRule, {q, k, v, g, g, Tensor{}, gdn_out, Tensor{}}}));
+  Tensor q_view = q;
+  q_view.stride[1] = 2 * dk;
+  q_view.stride[0] = Hk * 2 * dk;
+  EXPECT_TRUE(b.supports({OpKind::GatedDeltaRule, {q_view, q_view, v, g, g, Tensor{}, gdn_out, Tensor{}}}));
+  const Tensor v3 = shape_only(DType::F32, {n, 3, dv}), g3 = shape_only(DType::F32, {n, 3});
+  EXPECT_FALSE(b.supports({OpKind::GatedDeltaRule,
+                           {q, k, v3, g3, g3, Tensor{}, shape_only(DType::F32, {n, 3, dv}), Tensor{}}}));
+  // Attention: k and v with different strides are accepted (copied); 3 KV heads for 8 query heads not.
+  const Tensor aq = shape_only(DType::F32, {n, 8, 64}), ak = shape_only(DType::F32, {n, 2, 64});
+  Tensor av = ak;
+  av.stride[0] = 2 * 64 + 64;
+  const Tensor aout = shape_only(DType::F32, {n, 8, 64});
+  EXPECT_TRUE(b.supports({OpKind::Attention, {aq, ak, av, Tensor{}, Tensor{}, aout}}));
+  const Tensor ak3 = shape_only(DType::F32, {n, 3, 64});
+  EXPECT_FALSE(b.supports({OpKind::Attention, {aq, ak3, ak3, Tensor{}, Tensor{}, aout}}));
+  // An op with the wrong number of operands.
+  EXPECT_FALSE(b.supports({OpKind::Add, {x, x}}));
+  // Audit mode has no memory.
+  auto buf = b.alloc(64, BufferUsage::Activations);
+  ASSERT_FALSE(buf.ok());
+  EXPECT_EQ(buf.status().code(), ErrorCode::Unsupported);
+  EXPECT_NE(buf.status().message().find("audit"), std::string::npos) << buf.status().message();
+}
+
+TEST(CudaOperands, BadOperandsAreClearErrors) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  testing::DeviceTensor x = testing::make_f32(*gpu, {4, 8}), w = testing::make_f32(*gpu, {6, 7});
+  testing::DeviceTensor o = testing::make_f32(*gpu, {4, 6});
+  Status s = gpu->matmul(x.t, w.t, Tensor{}, o.t);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("matmul: w is f32[6,7], expected [6,8] ([m,k])"), std::string::npos) << s.message();
+  // Memory of another backend.
+  testing::DeviceTensor host = testing::make_f32(cpu_reference(), {4, 8});
+  s = gpu->rms_norm(host.t, testing::make_f32(*gpu, {8}).t, 1e-6f, x.t);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("did not allocate"), std::string::npos) << s.message();
+  // Out of the buffer's bounds.
+  Tensor past = x.t;
+  past.offset = 64;
+  testing::DeviceTensor sum = testing::make_f32(*gpu, {4, 8});
+  s = gpu->add(past, x.t, sum.t);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("spans"), std::string::npos) << s.message();
+  // A layout that does not cover the tokens.
+  SeqLayout bad;
+  bad.offsets = {0, 3};
+  s = gpu->rope(x.t.reshaped({4, 2, 4}), bad, 4, 1e4);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("SeqLayout covers 3 tokens"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace kev

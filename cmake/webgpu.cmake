@@ -49,6 +49,11 @@ if(NOT KEV_WEBGPU STREQUAL "off")
   if(KEV_DAWN_LIBRARY AND KEV_DAWN_INCLUDE_DIR)
     set(KEV_HAVE_WEBGPU ON)
     message(STATUS "WebGPU backend: Dawn ${KEV_DAWN_LIBRARY}, headers ${KEV_DAWN_INCLUDE_DIR}")
+    # Binaries (tools/ and tests/ beside the build tree's lib/, where Dawn is copied) find Dawn through
+    # $ORIGIN/../lib, so a build folder carried to another machine runs as it is; the original
+    # directory stays on the RPATH as a fallback.
+    get_filename_component(_kev_dawn_dir ${KEV_DAWN_LIBRARY} DIRECTORY)
+    list(APPEND CMAKE_BUILD_RPATH "$ORIGIN/../lib" ${_kev_dawn_dir})
   elseif(KEV_WEBGPU STREQUAL "on")
     message(FATAL_ERROR "KEV_WEBGPU=on but Dawn was not found (library: ${KEV_DAWN_LIBRARY}, "
                         "webgpu/webgpu.h: ${KEV_DAWN_INCLUDE_DIR}); run scripts/setup or pass -DKEV_DAWN_ROOT=<dir>")
@@ -72,9 +77,10 @@ function(kev_add_webgpu_backend target)
     VERBATIM)
   target_sources(${target} PRIVATE ${cpp_sources} ${generated})
   target_include_directories(${target} PRIVATE ${KEV_DAWN_INCLUDE_DIR})
-  target_link_libraries(${target} PUBLIC ${KEV_DAWN_LIBRARY})
+  # Dawn is copied into the build tree's lib/ (see CMAKE_BUILD_RPATH above).
+  get_filename_component(dawn_name ${KEV_DAWN_LIBRARY} NAME)
+  set(dawn_copy ${PROJECT_BINARY_DIR}/lib/${dawn_name})
+  configure_file(${KEV_DAWN_LIBRARY} ${dawn_copy} COPYONLY)
+  target_link_libraries(${target} PUBLIC ${dawn_copy})
   target_compile_definitions(${target} PUBLIC KEV_HAVE_WEBGPU)
-  # Binaries find libwebgpu_wrapper.so where setup put it (build and install trees alike).
-  get_filename_component(dawn_dir ${KEV_DAWN_LIBRARY} DIRECTORY)
-  target_link_options(${target} INTERFACE "LINKER:-rpath,${dawn_dir}")
 endfunction()

@@ -1,0 +1,669 @@
+// Device: the Dawn wrapper (see device.h).
+#include "backend/webgpu/device.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+
+#include "backend/webgpu/shaders.h"
+#include "common/check.h"
+
+namespace kev::webgpu {
+
+const char* find_wgsl(std::string_view name) {
+  for (size_t i = 0; i < kWgslSourceCount; ++i) {
+    if (name == kWgslSources[i].name) return kWgslSources[i].code;
+  }
+  return nullptr;
+}
+
+namespace {
+
+// A pass on a CPU adapter (lavapipe) of the 0.8B model can take minutes; a GPU never comes close.
+constexpr uint64_t kWaitTimeoutNs = uint64_t{900} * 1000 * 1000 * 1000;
+constexpr uint64_t kRingChunkBytes = uint64_t{4} << 20;
+constexpr uint64_t kMinScratchBytes = uint64_t{1} << 20;
+
+WGPUStringView sv(const char* s) { return WGPUStringView{s, WGPU_STRLEN}; }
+WGPUStringView sv(const std::string& s) { return WGPUStringView{s.data(), s.size()}; }
+std::string str(WGPUStringView v) {
+  if (!v.data) return {};
+  return v.length == WGPU_STRLEN ? std::string(v.data) : std::string(v.data, v.length);
+}
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+const char* backend_name(WGPUBackendType t) {
+  switch (t) {
+    case WGPUBackendType_Vulkan: return "Vulkan";
+    case WGPUBackendType_Metal: return "Metal";
+    case WGPUBackendType_D3D12: return "D3D12";
+    case WGPUBackendType_D3D11: return "D3D11";
+    case WGPUBackendType_OpenGL: return "OpenGL";
+    case WGPUBackendType_OpenGLES: return "OpenGLES";
+    case WGPUBackendType_Null: return "Null";
+    default: return "unknown backend";
+  }
+}
+
+const char* adapter_type_name(WGPUAdapterType t) {
+  switch (t) {
+    case WGPUAdapterType_DiscreteGPU: return "discrete";
+    case WGPUAdapterType_IntegratedGPU: return "integrated";
+    case WGPUAdapterType_CPU: return "cpu";
+    default: return "unknown";
+  }
+}
+
+std::string mib(uint64_t bytes) {
+  if (bytes >= (uint64_t{1} << 30) && bytes % (uint64_t{1} << 30) == 0) return cat(bytes >> 30, " GiB");
+  if (bytes >= (uint64_t{1} << 20)) return cat(bytes >> 20, " MiB");
+  return cat(bytes, " B");
+}
+
+struct AdapterCandidate {
+  WGPUAdapter adapter = nullptr;
+  std::string name, vendor, description;
+  WGPUAdapterType type = WGPUAdapterType_Unknown;
+  WGPUBackendType backend = WGPUBackendType_Undefined;
+};
+
+struct AdapterReply {
+  WGPUAdapter adapter = nullptr;
+  std::string message;
+};
+
+void on_adapter(WGPURequestAdapterStatus status, WGPUAdapter adapter, WGPUStringView message, void* out, void*) {
+  auto* r = static_cast<AdapterReply*>(out);
+  if (status == WGPURequestAdapterStatus_Success) r->adapter = adapter;
+  r->message = str(message);
+}
+
+struct DeviceReply {
+  WGPUDevice device = nullptr;
+  std::string message;
+};
+
+void on_device(WGPURequestDeviceStatus status, WGPUDevice device, WGPUStringView message, void* out, void*) {
+  auto* r = static_cast<DeviceReply*>(out);
+  if (status == WGPURequestDeviceStatus_Success) r->device = device;
+  r->message = str(message);
+}
+
+struct ScopeReply {
+  WGPUErrorType type = WGPUErrorType_NoError;
+  std::string message;
+};
+
+void on_pop_scope(WGPUPopErrorScopeStatus status, WGPUErrorType type, WGPUStringView message, void* out, void*) {
+  auto* r = static_cast<ScopeReply*>(out);
+  r->type = status == WGPUPopErrorScopeStatus_Success ? type : WGPUErrorType_Unknown;
+  r->message = status == WGPUPopErrorScopeStatus_Success ? str(message) : "error scope could not be popped";
+}
+
+struct MapReply {
+  bool ok = false;
+  std::string message;
+};
+
+void on_map(WGPUMapAsyncStatus status, WGPUStringView message, void* out, void*) {
+  auto* r = static_cast<MapReply*>(out);
+  r->ok = status == WGPUMapAsyncStatus_Success;
+  r->message = str(message);
+}
+
+void on_work_done(WGPUQueueWorkDoneStatus status, WGPUStringView message, void* out, void*) {
+  auto* r = static_cast<MapReply*>(out);
+  r->ok = status == WGPUQueueWorkDoneStatus_Success;
+  r->message = str(message);
+}
+
+Status wait_on(WGPUInstance instance, WGPUFuture future, const char* what) {
+  WGPUFutureWaitInfo info{future, false};
+  const WGPUWaitStatus s = wgpuInstanceWaitAny(instance, 1, &info, kWaitTimeoutNs);
+  KEV_CHECK(s != WGPUWaitStatus_TimedOut, ErrorCode::Device, "webgpu: timed out after ", kWaitTimeoutNs / 1000000000,
+            " s waiting for ", what);
+  KEV_CHECK(s == WGPUWaitStatus_Success && info.completed, ErrorCode::Device, "webgpu: waiting for ", what,
+            " failed (wgpuInstanceWaitAny status ", static_cast<int>(s), ")");
+  return Status::success();
+}
+
+Result<AdapterCandidate> request_adapter(WGPUInstance instance, WGPUPowerPreference power, bool fallback) {
+  WGPURequestAdapterOptions o = WGPU_REQUEST_ADAPTER_OPTIONS_INIT;
+  o.powerPreference = power;
+  o.forceFallbackAdapter = fallback;
+  AdapterReply reply;
+  WGPURequestAdapterCallbackInfo cb = WGPU_REQUEST_ADAPTER_CALLBACK_INFO_INIT;
+  cb.mode = WGPUCallbackMode_WaitAnyOnly;
+  cb.callback = on_adapter;
+  cb.userdata1 = &reply;
+  KEV_TRY(wait_on(instance, wgpuInstanceRequestAdapter(instance, &o, cb), "an adapter"));
+  AdapterCandidate c;
+  c.adapter = reply.adapter;
+  if (!c.adapter) return c;
+  WGPUAdapterInfo info = WGPU_ADAPTER_INFO_INIT;
+  if (wgpuAdapterGetInfo(c.adapter, &info) == WGPUStatus_Success) {
+    c.name = str(info.device);
+    c.vendor = str(info.vendor);
+    c.description = str(info.description);
+    c.type = info.adapterType;
+    c.backend = info.backendType;
+    wgpuAdapterInfoFreeMembers(info);
+  }
+  return c;
+}
+
+bool matches(const AdapterCandidate& c, const std::string& want) {
+  const std::string w = lower(want);
+  if (w == "discrete" || w == "integrated" || w == "cpu") return w == adapter_type_name(c.type);
+  return lower(c.name).find(w) != std::string::npos || lower(c.vendor).find(w) != std::string::npos ||
+         lower(c.description).find(w) != std::string::npos;
+}
+
+}  // namespace
+
+DeviceLimits spec_default_limits() {
+  DeviceLimits l;
+  l.max_binding = uint64_t{128} << 20;
+  l.max_buffer = uint64_t{256} << 20;
+  l.workgroup_storage = 16384;
+  l.invocations = 256;
+  l.storage_buffers = 8;
+  l.workgroups_per_dim = 65535;
+  l.storage_align = 256;
+  l.uniform_align = 256;
+  return l;
+}
+
+void Device::on_uncaptured_error(WGPUDevice const*, WGPUErrorType type, WGPUStringView message, void* self, void*) {
+  auto* d = static_cast<Device*>(self);
+  std::lock_guard<std::mutex> lock(d->error_mutex_);
+  if (d->error_.empty()) {
+    const char* kind = type == WGPUErrorType_Validation    ? "validation error"
+                       : type == WGPUErrorType_OutOfMemory ? "out of memory"
+                                                           : "internal error";
+    d->error_ = cat(kind, ": ", str(message));
+  }
+}
+
+void Device::on_device_lost(WGPUDevice const*, WGPUDeviceLostReason reason, WGPUStringView message, void* self,
+                            void*) {
+  auto* d = static_cast<Device*>(self);
+  std::lock_guard<std::mutex> lock(d->error_mutex_);
+  if (reason == WGPUDeviceLostReason_Destroyed || reason == WGPUDeviceLostReason_CallbackCancelled) return;
+  d->lost_ = true;
+  d->lost_message_ = str(message);
+}
+
+Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, uint64_t max_binding_override) {
+  std::unique_ptr<Device> d(new Device());
+  const WGPUInstanceFeatureName timed = WGPUInstanceFeatureName_TimedWaitAny;
+  WGPUInstanceDescriptor idesc = WGPU_INSTANCE_DESCRIPTOR_INIT;
+  idesc.requiredFeatureCount = 1;
+  idesc.requiredFeatures = &timed;
+  d->instance_ = wgpuCreateInstance(&idesc);
+  KEV_CHECK(d->instance_ != nullptr, ErrorCode::Device, "webgpu: cannot create a Dawn instance with TimedWaitAny");
+
+  // Dawn has no adapter enumeration in webgpu.h: ask under each preference and keep the distinct ones.
+  std::vector<AdapterCandidate> found;
+  const std::pair<WGPUPowerPreference, bool> asks[] = {{WGPUPowerPreference_HighPerformance, false},
+                                                      {WGPUPowerPreference_LowPower, false},
+                                                      {WGPUPowerPreference_Undefined, true}};
+  for (const auto& [power, fallback] : asks) {
+    KEV_ASSIGN_OR_RETURN(AdapterCandidate c, request_adapter(d->instance_, power, fallback));
+    if (!c.adapter) continue;
+    const bool dup = std::any_of(found.begin(), found.end(), [&](const AdapterCandidate& f) {
+      return f.name == c.name && f.backend == c.backend && f.description == c.description;
+    });
+    if (dup) {
+      wgpuAdapterRelease(c.adapter);
+    } else {
+      found.push_back(c);
+    }
+  }
+  KEV_CHECK(!found.empty(), ErrorCode::Device,
+            "webgpu: no adapter found (on a machine without a GPU install Mesa's lavapipe >= 25, see scripts/setup)");
+  size_t pick = found.size();
+  for (size_t i = 0; i < found.size() && pick == found.size(); ++i) {
+    if (adapter_choice.empty() || matches(found[i], adapter_choice)) pick = i;
+  }
+  if (pick == found.size()) {
+    std::string list;
+    for (const AdapterCandidate& c : found)
+      list += cat(list.empty() ? "" : "; ", c.name, " (", adapter_type_name(c.type), ", ", backend_name(c.backend), ")");
+    for (const AdapterCandidate& c : found) wgpuAdapterRelease(c.adapter);
+    return Status(ErrorCode::InvalidRequest,
+                  cat("webgpu: no adapter matches '", adapter_choice, "'; found: ", list));
+  }
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (i != pick) wgpuAdapterRelease(found[i].adapter);
+  }
+  const AdapterCandidate chosen = found[pick];
+  d->adapter_ = chosen.adapter;
+
+  WGPULimits have = WGPU_LIMITS_INIT;
+  KEV_CHECK(wgpuAdapterGetLimits(d->adapter_, &have) == WGPUStatus_Success, ErrorCode::Device,
+            "webgpu: cannot read the limits of adapter ", chosen.name);
+  KEV_CHECK(have.maxComputeWorkgroupStorageSize >= kNeedWorkgroupStorage, ErrorCode::Unsupported, "webgpu: adapter ",
+            chosen.name, " offers maxComputeWorkgroupStorageSize ", have.maxComputeWorkgroupStorageSize,
+            "; the kernels need ", kNeedWorkgroupStorage);
+  KEV_CHECK(have.maxComputeInvocationsPerWorkgroup >= kNeedInvocations, ErrorCode::Unsupported, "webgpu: adapter ",
+            chosen.name, " offers maxComputeInvocationsPerWorkgroup ", have.maxComputeInvocationsPerWorkgroup,
+            "; the kernels need ", kNeedInvocations);
+  KEV_CHECK(have.maxStorageBuffersPerShaderStage >= kNeedStorageBuffers, ErrorCode::Unsupported, "webgpu: adapter ",
+            chosen.name, " offers maxStorageBuffersPerShaderStage ", have.maxStorageBuffersPerShaderStage,
+            "; the kernels need ", kNeedStorageBuffers);
+  // Ask for everything the adapter offers on the limits the model's sizes press on; the rest stay at
+  // the defaults.
+  WGPULimits want = WGPU_LIMITS_INIT;
+  want.maxStorageBufferBindingSize = have.maxStorageBufferBindingSize;
+  want.maxBufferSize = have.maxBufferSize;
+  want.maxComputeWorkgroupStorageSize = have.maxComputeWorkgroupStorageSize;
+  want.maxComputeInvocationsPerWorkgroup = have.maxComputeInvocationsPerWorkgroup;
+  want.maxComputeWorkgroupSizeX = have.maxComputeWorkgroupSizeX;
+  want.maxStorageBuffersPerShaderStage = have.maxStorageBuffersPerShaderStage;
+  want.maxComputeWorkgroupsPerDimension = have.maxComputeWorkgroupsPerDimension;
+
+  std::vector<WGPUFeatureName> features;
+  d->has_f16_ = wgpuAdapterHasFeature(d->adapter_, WGPUFeatureName_ShaderF16);
+  d->has_subgroups_ = wgpuAdapterHasFeature(d->adapter_, WGPUFeatureName_Subgroups);
+  if (d->has_f16_) features.push_back(WGPUFeatureName_ShaderF16);
+  if (d->has_subgroups_) features.push_back(WGPUFeatureName_Subgroups);
+
+  WGPUDeviceDescriptor ddesc = WGPU_DEVICE_DESCRIPTOR_INIT;
+  ddesc.label = sv("kev");
+  ddesc.requiredFeatureCount = features.size();
+  ddesc.requiredFeatures = features.data();
+  ddesc.requiredLimits = &want;
+  ddesc.uncapturedErrorCallbackInfo.callback = &Device::on_uncaptured_error;
+  ddesc.uncapturedErrorCallbackInfo.userdata1 = d.get();
+  ddesc.deviceLostCallbackInfo.mode = WGPUCallbackMode_AllowSpontaneous;
+  ddesc.deviceLostCallbackInfo.callback = &Device::on_device_lost;
+  ddesc.deviceLostCallbackInfo.userdata1 = d.get();
+  DeviceReply reply;
+  WGPURequestDeviceCallbackInfo cb = WGPU_REQUEST_DEVICE_CALLBACK_INFO_INIT;
+  cb.mode = WGPUCallbackMode_WaitAnyOnly;
+  cb.callback = on_device;
+  cb.userdata1 = &reply;
+  KEV_TRY(wait_on(d->instance_, wgpuAdapterRequestDevice(d->adapter_, &ddesc, cb), "the device"));
+  KEV_CHECK(reply.device != nullptr, ErrorCode::Device, "webgpu: adapter ", chosen.name,
+            " refused a device: ", reply.message);
+  d->device_ = reply.device;
+  d->queue_ = wgpuDeviceGetQueue(d->device_);
+
+  WGPULimits got = WGPU_LIMITS_INIT;
+  KEV_CHECK(wgpuDeviceGetLimits(d->device_, &got) == WGPUStatus_Success, ErrorCode::Device,
+            "webgpu: cannot read the device limits");
+  DeviceLimits& l = d->limits_;
+  l.max_binding = got.maxStorageBufferBindingSize;
+  if (max_binding_override > 0) l.max_binding = std::min<uint64_t>(l.max_binding, max_binding_override);
+  l.max_buffer = got.maxBufferSize;
+  l.workgroup_storage = got.maxComputeWorkgroupStorageSize;
+  l.invocations = got.maxComputeInvocationsPerWorkgroup;
+  l.storage_buffers = got.maxStorageBuffersPerShaderStage;
+  l.workgroups_per_dim = got.maxComputeWorkgroupsPerDimension;
+  l.storage_align = got.minStorageBufferOffsetAlignment;
+  l.uniform_align = got.minUniformBufferOffsetAlignment;
+  d->description_ = cat(chosen.name, " (", adapter_type_name(chosen.type), ", ", backend_name(chosen.backend),
+                        chosen.description.empty() ? "" : ", driver: ", chosen.description, "); storage binding ",
+                        mib(l.max_binding), ", buffer ", mib(l.max_buffer), ", workgroup storage ",
+                        l.workgroup_storage, " B, ", l.invocations, " invocations/workgroup, ", l.storage_buffers,
+                        " storage buffers/stage", d->has_f16_ ? ", shader-f16" : "",
+                        d->has_subgroups_ ? ", subgroups" : "", "; FP32 kernels");
+
+  KEV_ASSIGN_OR_RETURN(d->dummy_, d->create_buffer(kMaxStorageSlots * std::max<uint64_t>(l.storage_align, 16),
+                                                   kStorageUsage, "kev dummy"));
+  return d;
+}
+
+Device::~Device() {
+  if (pass_) {
+    wgpuComputePassEncoderEnd(pass_);
+    wgpuComputePassEncoderRelease(pass_);
+  }
+  if (encoder_) wgpuCommandEncoderRelease(encoder_);
+  for (auto& [k, p] : pipelines_) wgpuComputePipelineRelease(p.pipeline);
+  for (auto& [k, l] : layouts_) wgpuBindGroupLayoutRelease(l);
+  for (Ring* ring : {&params_ring_, &data_ring_}) {
+    for (RingChunk& c : ring->chunks) wgpuBufferRelease(c.buffer);
+  }
+  for (WGPUBuffer b : retired_) wgpuBufferRelease(b);
+  if (scratch_) wgpuBufferRelease(scratch_);
+  if (readback_) wgpuBufferRelease(readback_);
+  if (dummy_) wgpuBufferRelease(dummy_);
+  if (queue_) wgpuQueueRelease(queue_);
+  if (device_) {
+    wgpuDeviceDestroy(device_);
+    wgpuDeviceRelease(device_);
+  }
+  if (adapter_) wgpuAdapterRelease(adapter_);
+  if (instance_) wgpuInstanceRelease(instance_);
+}
+
+Binding Device::dummy(size_t slot) const {
+  return Binding{dummy_, slot * std::max<uint64_t>(limits_.storage_align, 16), 16};
+}
+
+Status Device::check_alive() const {
+  std::lock_guard<std::mutex> lock(error_mutex_);
+  KEV_CHECK(!lost_, ErrorCode::Device, "webgpu: the device was lost: ", lost_message_);
+  return Status::success();
+}
+
+Status Device::take_error(const char* during) {
+  std::lock_guard<std::mutex> lock(error_mutex_);
+  KEV_CHECK(!lost_, ErrorCode::Device, "webgpu: the device was lost: ", lost_message_);
+  if (error_.empty()) return Status::success();
+  Status s(ErrorCode::Device, cat("webgpu: ", during, ": ", error_));
+  error_.clear();
+  return s;
+}
+
+Status Device::wait(WGPUFuture future, const char* what) { return wait_on(instance_, future, what); }
+
+Result<WGPUBuffer> Device::create_buffer(uint64_t size, WGPUBufferUsage usage, const char* label) {
+  KEV_TRY(check_alive());
+  KEV_CHECK(size <= limits_.max_buffer, ErrorCode::Unsupported, "webgpu: buffer '", label, "' of ", size,
+            " bytes exceeds the device's maxBufferSize ", limits_.max_buffer);
+  WGPUBufferDescriptor desc = WGPU_BUFFER_DESCRIPTOR_INIT;
+  desc.label = sv(label);
+  desc.usage = usage;
+  desc.size = align_up(std::max<uint64_t>(size, 4), 4);
+  wgpuDevicePushErrorScope(device_, WGPUErrorFilter_OutOfMemory);
+  WGPUBuffer b = wgpuDeviceCreateBuffer(device_, &desc);
+  ScopeReply scope;
+  WGPUPopErrorScopeCallbackInfo cb = WGPU_POP_ERROR_SCOPE_CALLBACK_INFO_INIT;
+  cb.mode = WGPUCallbackMode_WaitAnyOnly;
+  cb.callback = on_pop_scope;
+  cb.userdata1 = &scope;
+  KEV_TRY(wait(wgpuDevicePopErrorScope(device_, cb), "buffer creation"));
+  if (scope.type != WGPUErrorType_NoError) {
+    if (b) wgpuBufferRelease(b);
+    return Status(ErrorCode::Device, cat("webgpu: cannot allocate buffer '", label, "' of ", size, " bytes: ",
+                                         scope.message));
+  }
+  KEV_CHECK(b != nullptr, ErrorCode::Device, "webgpu: cannot allocate buffer '", label, "' of ", size, " bytes");
+  return b;
+}
+
+Result<WGPUBindGroupLayout> Device::layout_for(uint32_t n_storage) {
+  auto it = layouts_.find(n_storage);
+  if (it != layouts_.end()) return it->second;
+  std::vector<WGPUBindGroupLayoutEntry> entries(n_storage + 1);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    WGPUBindGroupLayoutEntry& e = entries[i];
+    e = WGPU_BIND_GROUP_LAYOUT_ENTRY_INIT;
+    e.binding = static_cast<uint32_t>(i);
+    e.visibility = WGPUShaderStage_Compute;
+    e.buffer.type = i == 0 ? WGPUBufferBindingType_Uniform : WGPUBufferBindingType_Storage;
+  }
+  WGPUBindGroupLayoutDescriptor desc = WGPU_BIND_GROUP_LAYOUT_DESCRIPTOR_INIT;
+  desc.entryCount = entries.size();
+  desc.entries = entries.data();
+  WGPUBindGroupLayout layout = wgpuDeviceCreateBindGroupLayout(device_, &desc);
+  KEV_CHECK(layout != nullptr, ErrorCode::Device, "webgpu: cannot create a bind group layout with ", n_storage,
+            " storage bindings");
+  layouts_[n_storage] = layout;
+  return layout;
+}
+
+Result<const Device::Pipeline*> Device::pipeline(const KernelSpec& k) {
+  const std::string key = cat(k.file, ":", k.entry);
+  auto it = pipelines_.find(key);
+  if (it != pipelines_.end()) return &it->second;
+  const char* body = find_wgsl(k.file);
+  const char* prelude = find_wgsl("prelude");
+  KEV_CHECK(body != nullptr && prelude != nullptr, ErrorCode::Internal, "webgpu: no embedded WGSL file '", k.file,
+            ".wgsl' (or prelude.wgsl)");
+  const std::string code = cat(prelude, "\n", body);
+  KEV_ASSIGN_OR_RETURN(WGPUBindGroupLayout layout, layout_for(k.n_storage));
+
+  wgpuDevicePushErrorScope(device_, WGPUErrorFilter_Validation);
+  WGPUShaderSourceWGSL wgsl = WGPU_SHADER_SOURCE_WGSL_INIT;
+  wgsl.code = sv(code);
+  WGPUShaderModuleDescriptor mdesc = WGPU_SHADER_MODULE_DESCRIPTOR_INIT;
+  mdesc.nextInChain = &wgsl.chain;
+  mdesc.label = sv(k.file);
+  WGPUShaderModule module = wgpuDeviceCreateShaderModule(device_, &mdesc);
+  WGPUPipelineLayoutDescriptor pldesc = WGPU_PIPELINE_LAYOUT_DESCRIPTOR_INIT;
+  pldesc.bindGroupLayoutCount = 1;
+  pldesc.bindGroupLayouts = &layout;
+  WGPUPipelineLayout pl = wgpuDeviceCreatePipelineLayout(device_, &pldesc);
+  WGPUComputePipelineDescriptor pdesc = WGPU_COMPUTE_PIPELINE_DESCRIPTOR_INIT;
+  pdesc.label = sv(key);
+  pdesc.layout = pl;
+  pdesc.compute.module = module;
+  pdesc.compute.entryPoint = sv(k.entry);
+  WGPUComputePipeline pipeline = wgpuDeviceCreateComputePipeline(device_, &pdesc);
+  wgpuPipelineLayoutRelease(pl);
+  if (module) wgpuShaderModuleRelease(module);
+  ScopeReply scope;
+  WGPUPopErrorScopeCallbackInfo cb = WGPU_POP_ERROR_SCOPE_CALLBACK_INFO_INIT;
+  cb.mode = WGPUCallbackMode_WaitAnyOnly;
+  cb.callback = on_pop_scope;
+  cb.userdata1 = &scope;
+  KEV_TRY(wait(wgpuDevicePopErrorScope(device_, cb), "pipeline creation"));
+  if (scope.type != WGPUErrorType_NoError || !pipeline) {
+    if (pipeline) wgpuComputePipelineRelease(pipeline);
+    return Status(ErrorCode::Device, cat("webgpu: pipeline ", key, " (", k.file, ".wgsl) failed: ", scope.message));
+  }
+  Pipeline& p = pipelines_[key];
+  p.pipeline = pipeline;
+  p.layout = layout;
+  return &p;
+}
+
+Status Device::ensure_encoder() {
+  KEV_TRY(check_alive());
+  if (encoder_) return Status::success();
+  WGPUCommandEncoderDescriptor desc = WGPU_COMMAND_ENCODER_DESCRIPTOR_INIT;
+  desc.label = sv("kev pass");
+  encoder_ = wgpuDeviceCreateCommandEncoder(device_, &desc);
+  KEV_CHECK(encoder_ != nullptr, ErrorCode::Device, "webgpu: cannot create a command encoder");
+  return Status::success();
+}
+
+void Device::end_pass() {
+  if (!pass_) return;
+  wgpuComputePassEncoderEnd(pass_);
+  wgpuComputePassEncoderRelease(pass_);
+  pass_ = nullptr;
+}
+
+void Device::begin_op() { scratch_used_ = 0; }
+
+Result<Binding> Device::put(Ring& ring, WGPUBufferUsage usage, const void* data, size_t bytes) {
+  KEV_TRY(check_alive());
+  const uint64_t align = std::max<uint64_t>({limits_.storage_align, limits_.uniform_align, 16});
+  const uint64_t need = align_up(std::max<uint64_t>(bytes, 16), 16);
+  while (true) {
+    if (ring.chunk < ring.chunks.size()) {
+      RingChunk& c = ring.chunks[ring.chunk];
+      const uint64_t off = align_up(ring.used, align);
+      if (off + need <= c.size) {
+        wgpuQueueWriteBuffer(queue_, c.buffer, off, data, bytes);
+        ring.used = off + need;
+        return Binding{c.buffer, off, need};
+      }
+      ++ring.chunk;
+      ring.used = 0;
+      continue;
+    }
+    const uint64_t size = std::max(kRingChunkBytes, align_up(need, align));
+    KEV_ASSIGN_OR_RETURN(WGPUBuffer b, create_buffer(size, usage, "kev ring"));
+    ring.chunks.push_back({b, size});
+  }
+}
+
+Result<Binding> Device::stage(const void* data, size_t bytes) { return put(data_ring_, kStorageUsage, data, bytes); }
+
+Status Device::upload_ordered(WGPUBuffer dst, uint64_t offset, const void* data, size_t bytes) {
+  KEV_ASSIGN_OR_RETURN(Binding staged, stage(data, bytes));
+  staged.size = bytes;
+  return copy(staged, dst, offset);
+}
+
+Status Device::write_now(WGPUBuffer dst, uint64_t offset, const void* data, size_t bytes) {
+  if (recorded_) KEV_TRY(flush());
+  KEV_TRY(check_alive());
+  wgpuQueueWriteBuffer(queue_, dst, offset, data, bytes);
+  return Status::success();
+}
+
+Result<Binding> Device::scratch(uint64_t bytes) {
+  const uint64_t align = std::max<uint64_t>(limits_.storage_align, 16);
+  const uint64_t need = align_up(std::max<uint64_t>(bytes, 16), 16);
+  uint64_t off = align_up(scratch_used_, align);
+  if (!scratch_ || off + need > scratch_size_) {
+    // Regions handed out earlier in this op stay in the old buffer, kept alive until the next flush.
+    const uint64_t size = std::max({kMinScratchBytes, 2 * scratch_size_, align_up(need, align)});
+    KEV_CHECK(need <= limits_.max_binding, ErrorCode::Unsupported, "webgpu: an op needs ", need,
+              " bytes of scratch in one binding; the device's storage binding limit is ", limits_.max_binding);
+    KEV_ASSIGN_OR_RETURN(WGPUBuffer b, create_buffer(std::min(size, limits_.max_binding), kStorageUsage, "kev scratch"));
+    if (scratch_) retired_.push_back(scratch_);
+    scratch_ = b;
+    scratch_size_ = std::min(size, limits_.max_binding);
+    off = 0;
+  }
+  scratch_used_ = off + need;
+  return Binding{scratch_, off, need};
+}
+
+Status Device::dispatch(const char* op, const KernelSpec& kernel, const void* params, size_t params_bytes,
+                        std::span<const Binding> storage, uint64_t workgroups) {
+  if (workgroups == 0) return Status::success();
+  KEV_CHECK(storage.size() == kernel.n_storage, ErrorCode::Internal, "webgpu: ", kernel.file, ":", kernel.entry,
+            " takes ", kernel.n_storage, " storage bindings, got ", storage.size());
+  KEV_CHECK(kernel.n_storage <= limits_.storage_buffers, ErrorCode::Unsupported, "webgpu: ", kernel.file, ":",
+            kernel.entry, " needs ", kernel.n_storage, " storage buffers; the device allows ", limits_.storage_buffers);
+  KEV_ASSIGN_OR_RETURN(const Pipeline* p, pipeline(kernel));
+  const uint64_t per_dim = limits_.workgroups_per_dim;
+  const uint64_t gx = std::min(workgroups, per_dim);
+  const uint64_t gy = (workgroups + gx - 1) / gx;
+  KEV_CHECK(gy <= per_dim, ErrorCode::Unsupported, "webgpu: ", op, " needs ", workgroups,
+            " workgroups; the device allows ", per_dim, " per dimension (", per_dim * per_dim, " folded)");
+  KEV_ASSIGN_OR_RETURN(Binding uniform,
+                       put(params_ring_, WGPUBufferUsage_Uniform | WGPUBufferUsage_CopyDst, params, params_bytes));
+  KEV_TRY(ensure_encoder());
+  std::vector<WGPUBindGroupEntry> entries(storage.size() + 1);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Binding& b = i == 0 ? uniform : storage[i - 1];
+    entries[i] = WGPU_BIND_GROUP_ENTRY_INIT;
+    entries[i].binding = static_cast<uint32_t>(i);
+    entries[i].buffer = b.buffer;
+    entries[i].offset = b.offset;
+    entries[i].size = b.size;
+  }
+  WGPUBindGroupDescriptor desc = WGPU_BIND_GROUP_DESCRIPTOR_INIT;
+  desc.label = sv(op);
+  desc.layout = p->layout;
+  desc.entryCount = entries.size();
+  desc.entries = entries.data();
+  WGPUBindGroup group = wgpuDeviceCreateBindGroup(device_, &desc);
+  KEV_CHECK(group != nullptr, ErrorCode::Device, "webgpu: ", op, ": cannot create a bind group");
+  if (pass_ && pass_op_ != op) end_pass();
+  if (!pass_) {
+    pass_op_ = op;
+    const std::string label = cat("kev:", op);
+    WGPUComputePassDescriptor pdesc = WGPU_COMPUTE_PASS_DESCRIPTOR_INIT;
+    pdesc.label = sv(label);
+    pass_ = wgpuCommandEncoderBeginComputePass(encoder_, &pdesc);
+  }
+  wgpuComputePassEncoderSetPipeline(pass_, p->pipeline);
+  wgpuComputePassEncoderSetBindGroup(pass_, 0, group, 0, nullptr);
+  wgpuComputePassEncoderDispatchWorkgroups(pass_, static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1);
+  wgpuBindGroupRelease(group);
+  recorded_ = true;
+  return Status::success();
+}
+
+Status Device::copy(const Binding& src, WGPUBuffer dst, uint64_t dst_offset) {
+  if (src.size == 0) return Status::success();
+  KEV_CHECK(src.offset % 4 == 0 && dst_offset % 4 == 0 && src.size % 4 == 0, ErrorCode::Unsupported,
+            "webgpu: buffer copies need 4-byte aligned offsets and sizes (src offset ", src.offset, ", dst offset ",
+            dst_offset, ", ", src.size, " bytes)");
+  KEV_TRY(ensure_encoder());
+  end_pass();
+  wgpuCommandEncoderCopyBufferToBuffer(encoder_, src.buffer, src.offset, dst, dst_offset, src.size);
+  recorded_ = true;
+  return Status::success();
+}
+
+Status Device::clear(WGPUBuffer dst, uint64_t offset, uint64_t size) {
+  if (size == 0) return Status::success();
+  KEV_CHECK(offset % 4 == 0 && size % 4 == 0, ErrorCode::Unsupported,
+            "webgpu: clearing needs a 4-byte aligned offset and size (offset ", offset, ", ", size, " bytes)");
+  KEV_TRY(ensure_encoder());
+  end_pass();
+  wgpuCommandEncoderClearBuffer(encoder_, dst, offset, size);
+  recorded_ = true;
+  return Status::success();
+}
+
+Status Device::flush() {
+  KEV_TRY(check_alive());
+  if (encoder_) {
+    end_pass();
+    WGPUCommandBufferDescriptor cdesc = WGPU_COMMAND_BUFFER_DESCRIPTOR_INIT;
+    WGPUCommandBuffer commands = wgpuCommandEncoderFinish(encoder_, &cdesc);
+    wgpuCommandEncoderRelease(encoder_);
+    encoder_ = nullptr;
+    if (commands) {
+      wgpuQueueSubmit(queue_, 1, &commands);
+      wgpuCommandBufferRelease(commands);
+    }
+  }
+  MapReply done;
+  WGPUQueueWorkDoneCallbackInfo cb = WGPU_QUEUE_WORK_DONE_CALLBACK_INFO_INIT;
+  cb.mode = WGPUCallbackMode_WaitAnyOnly;
+  cb.callback = on_work_done;
+  cb.userdata1 = &done;
+  KEV_TRY(wait(wgpuQueueOnSubmittedWorkDone(queue_, cb), "the queue"));
+  recorded_ = false;
+  for (Ring* ring : {&params_ring_, &data_ring_}) {
+    ring->chunk = 0;
+    ring->used = 0;
+  }
+  for (WGPUBuffer b : retired_) wgpuBufferRelease(b);
+  retired_.clear();
+  KEV_TRY(take_error("while recording or running the pass"));
+  KEV_CHECK(done.ok, ErrorCode::Device, "webgpu: the queue reported a failure: ", done.message);
+  return Status::success();
+}
+
+Status Device::read(WGPUBuffer src, uint64_t offset, uint64_t bytes, void* dst) {
+  if (bytes == 0) return Status::success();
+  const uint64_t begin = offset / 4 * 4, end = align_up(offset + bytes, 4);
+  if (!readback_ || readback_size_ < end - begin) {
+    if (readback_) wgpuBufferRelease(readback_);
+    readback_ = nullptr;
+    const uint64_t size = std::max<uint64_t>(end - begin, 4096);
+    KEV_ASSIGN_OR_RETURN(readback_,
+                         create_buffer(size, WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst, "kev readback"));
+    readback_size_ = size;
+  }
+  KEV_TRY(copy(Binding{src, begin, end - begin}, readback_, 0));
+  KEV_TRY(flush());
+  MapReply mapped;
+  WGPUBufferMapCallbackInfo cb = WGPU_BUFFER_MAP_CALLBACK_INFO_INIT;
+  cb.mode = WGPUCallbackMode_WaitAnyOnly;
+  cb.callback = on_map;
+  cb.userdata1 = &mapped;
+  KEV_TRY(wait(wgpuBufferMapAsync(readback_, WGPUMapMode_Read, 0, end - begin, cb), "a buffer map"));
+  KEV_CHECK(mapped.ok, ErrorCode::Device, "webgpu: mapping the readback buffer failed: ", mapped.message);
+  const void* p = wgpuBufferGetConstMappedRange(readback_, 0, end - begin);
+  if (!p) {
+    wgpuBufferUnmap(readback_);
+    return Status(ErrorCode::Device, "webgpu: the mapped readback range is null");
+  }
+  std::memcpy(dst, static_cast<const char*>(p) + (offset - begin), bytes);
+  wgpuBufferUnmap(readback_);
+  return take_error("reading back a buffer");
+}
+
+}  // namespace kev::webgpu

@@ -1,0 +1,193 @@
+// The Dawn runtime in one small wrapper: instance (TimedWaitAny), adapter choice, a device opened
+// with the limits the kernels need, compute pipelines built from the embedded WGSL, and the
+// recording model of one pass (one command encoder, one submit).
+//
+//   KEV_ASSIGN_OR_RETURN(std::unique_ptr<Device> dev, Device::open("cpu", 0));
+//   KEV_ASSIGN_OR_RETURN(WGPUBuffer b, dev->create_buffer(1024, kStorageUsage, "x"));
+//   KEV_TRY(dev->dispatch("add", kAddKernel, &params, sizeof params, bindings, n_workgroups));
+//   KEV_TRY(dev->read(b, 0, 1024, host));   // finishes the encoder, submits once, waits, maps
+//
+// Contracts:
+// - Recording is in order. Every op records compute passes into the current encoder; copies and
+//   clears end the open compute pass and are recorded between passes, so the GPU sees exactly the op
+//   order. Nothing reaches the GPU before flush() (or read(), which flushes).
+// - stage() writes host data into a per-pass storage ring (queue.writeBuffer at record time, each call
+//   at a fresh offset) and returns a binding to it (dispatch() puts params into a uniform ring alike); upload_ordered() stages and records a copy into the
+//   destination, so the data lands where the upload sits in the op order. The ring is reused only after
+//   flush() has waited for the pass.
+// - scratch() hands out transient GPU-only storage for the op being recorded; begin_op() recycles it
+//   (later commands run after earlier ones, so reuse across ops is safe).
+// - Errors: pipeline creation runs inside error scopes (the Status names the kernel); validation and
+//   out-of-memory errors raised while recording or running arrive through the uncaptured-error callback
+//   and are returned, with the labels Dawn quotes (compute passes are labelled with the op), by the
+//   next flush(); a lost device makes every later call fail. Every wait has a timeout.
+// - One Device is used from one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <webgpu/webgpu.h>
+
+#include "kev/result.h"
+
+namespace kev::webgpu {
+
+// What the kernels and the backend read from the device's limits.
+struct DeviceLimits {
+  uint64_t max_binding = 0;        // maxStorageBufferBindingSize
+  uint64_t max_buffer = 0;         // maxBufferSize
+  uint32_t workgroup_storage = 0;  // maxComputeWorkgroupStorageSize
+  uint32_t invocations = 0;        // maxComputeInvocationsPerWorkgroup
+  uint32_t storage_buffers = 0;    // maxStorageBuffersPerShaderStage
+  uint32_t workgroups_per_dim = 0; // maxComputeWorkgroupsPerDimension
+  uint32_t storage_align = 0;      // minStorageBufferOffsetAlignment
+  uint32_t uniform_align = 0;      // minUniformBufferOffsetAlignment
+};
+
+// The WebGPU specification's default limits: what every adapter offers (audit_only answers with them).
+DeviceLimits spec_default_limits();
+
+// The smallest limits the kernels are written for; open() refuses an adapter below them.
+constexpr uint32_t kNeedWorkgroupStorage = 16384;
+constexpr uint32_t kNeedInvocations = 256;
+constexpr uint32_t kNeedStorageBuffers = 8;
+
+// Storage bindings of the widest kernel; dummy() has one distinct range per slot.
+constexpr size_t kMaxStorageSlots = 8;
+
+// A kernel: an entry point of an embedded WGSL file (prelude.wgsl is prepended to every file).
+// Binding 0 is the params uniform; bindings 1..n_storage are storage buffers, all declared
+// read_write: WebGPU forbids a buffer used both read-only and writable in one dispatch, and the
+// activation arena is one buffer, so inputs and outputs of an op are disjoint ranges of the same
+// buffer (Dawn checks writable bindings for overlap by range).
+struct KernelSpec {
+  const char* file;     // WGSL file stem, e.g. "norms"
+  const char* entry;    // entry point
+  uint32_t n_storage;   // storage bindings 1..n_storage
+};
+
+// A storage binding: a byte range of one GPU buffer.
+struct Binding {
+  WGPUBuffer buffer = nullptr;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+constexpr WGPUBufferUsage kStorageUsage =
+    WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst;
+
+class Device {
+ public:
+  // Opens the adapter chosen by `adapter` (empty: the default high-performance adapter; "discrete",
+  // "integrated", "cpu": the first of that type; anything else: a case-insensitive substring of the
+  // adapter's name, vendor or driver description). `max_binding_override` > 0 lowers the storage
+  // binding limit the backend plans with (tests use it to exercise split weights).
+  static Result<std::unique_ptr<Device>> open(const std::string& adapter, uint64_t max_binding_override);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  const DeviceLimits& limits() const { return limits_; }
+  // "llvmpipe (LLVM 19.1.7, 256 bits), Vulkan, Mesa 25.0.7 (driver: ...), binding 128 MiB, ..."
+  const std::string& description() const { return description_; }
+  bool has_shader_f16() const { return has_f16_; }
+  bool has_subgroups() const { return has_subgroups_; }
+
+  Result<WGPUBuffer> create_buffer(uint64_t size, WGPUBufferUsage usage, const char* label);
+  // A small range bound for an absent operand in storage slot `slot` (distinct per slot, so two
+  // absent writable operands never alias).
+  Binding dummy(size_t slot) const;
+
+  // ---- recording ----------------------------------------------------------------------------------
+  void begin_op();
+  // Records one dispatch of `kernel` with `params` (a 16-byte multiple) over `workgroups` workgroups,
+  // folded into a 2-D grid when above the per-dimension limit; kernels recover the linear index as
+  // wid.x + wid.y * nwg.x and ignore indices >= their count.
+  Status dispatch(const char* op, const KernelSpec& kernel, const void* params, size_t params_bytes,
+                  std::span<const Binding> storage, uint64_t workgroups);
+  Status copy(const Binding& src, WGPUBuffer dst, uint64_t dst_offset);
+  Status clear(WGPUBuffer dst, uint64_t offset, uint64_t size);
+  Result<Binding> stage(const void* data, size_t bytes);
+  Status upload_ordered(WGPUBuffer dst, uint64_t offset, const void* data, size_t bytes);
+  // Submits what is recorded, then writes straight into `dst` (bulk weight uploads).
+  Status write_now(WGPUBuffer dst, uint64_t offset, const void* data, size_t bytes);
+  Result<Binding> scratch(uint64_t bytes);
+
+  // Finishes the encoder, submits once and waits for the queue; returns errors raised meanwhile.
+  Status flush();
+  // Copies [offset, offset+bytes) of `src` to the host (flushes first).
+  Status read(WGPUBuffer src, uint64_t offset, uint64_t bytes, void* dst);
+  Status check_alive() const;
+
+ private:
+  Device() = default;
+  struct Pipeline {
+    WGPUComputePipeline pipeline = nullptr;
+    WGPUBindGroupLayout layout = nullptr;
+  };
+  struct RingChunk {
+    WGPUBuffer buffer = nullptr;
+    uint64_t size = 0;
+  };
+  Result<const Pipeline*> pipeline(const KernelSpec& kernel);
+  Result<WGPUBindGroupLayout> layout_for(uint32_t n_storage);
+  Status ensure_encoder();
+  void end_pass();
+  Status wait(WGPUFuture future, const char* what);
+  Status take_error(const char* during);
+
+  static void on_uncaptured_error(WGPUDevice const* device, WGPUErrorType type, WGPUStringView message, void* self,
+                                  void*);
+  static void on_device_lost(WGPUDevice const* device, WGPUDeviceLostReason reason, WGPUStringView message,
+                             void* self, void*);
+
+  WGPUInstance instance_ = nullptr;
+  WGPUAdapter adapter_ = nullptr;
+  WGPUDevice device_ = nullptr;
+  WGPUQueue queue_ = nullptr;
+  DeviceLimits limits_;
+  std::string description_;
+  bool has_f16_ = false;
+  bool has_subgroups_ = false;
+  WGPUBuffer dummy_ = nullptr;
+
+  std::map<std::string, Pipeline> pipelines_;
+  std::map<uint32_t, WGPUBindGroupLayout> layouts_;
+
+  WGPUCommandEncoder encoder_ = nullptr;
+  WGPUComputePassEncoder pass_ = nullptr;
+  std::string pass_op_;  // op the open compute pass is labelled with
+  bool recorded_ = false;
+
+  // Two rings: uniforms for params, storage for staged data (a buffer may not be a uniform and a
+  // writable storage binding of one dispatch).
+  struct Ring {
+    std::vector<RingChunk> chunks;
+    size_t chunk = 0;
+    uint64_t used = 0;
+  };
+  Result<Binding> put(Ring& ring, WGPUBufferUsage usage, const void* data, size_t bytes);
+  Ring params_ring_, data_ring_;
+
+  WGPUBuffer scratch_ = nullptr;
+  uint64_t scratch_size_ = 0;
+  uint64_t scratch_used_ = 0;
+  std::vector<WGPUBuffer> retired_;  // replaced scratch buffers, released after the next flush
+
+  WGPUBuffer readback_ = nullptr;
+  uint64_t readback_size_ = 0;
+
+  mutable std::mutex error_mutex_;
+  std::string error_;  // first uncaptured error since the last flush
+  bool lost_ = false;
+  std::string lost_message_;
+};
+
+}  // namespace kev::webgpu

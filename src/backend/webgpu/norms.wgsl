@@ -1,0 +1,91 @@
+// Row normalisations over the innermost dimension d (rows = all outer indices):
+//   rms_norm:       out = x / sqrt(mean(x²) + eps) · (1 + w)        (zero-centred gain)
+//   l2_norm:        out = x / sqrt(Σx² + eps) · scale
+//   rms_norm_gated: out = w · x / sqrt(mean(x²) + eps) · SiLU(z)    (x is o; plain gain)
+//
+// Layout: x, z, out [..., d] of rank 1..4, outer dims folded to (s0, s1, s2) with per-tensor strides
+// (views of projections are fine); w [d] contiguous. Unused operands are bound to dummies.
+// Launch: one workgroup of 64 invocations per row (folded); each invocation sums squares over
+// j ≡ lid (mod 64), then a tree reduction in workgroup memory. FP32 throughout. (64, not 256: the
+// model's rows are 32..2560 long, and short rows would leave most of a wider workgroup idle.)
+
+struct Params {
+  d: u32, n_rows: u32, s1: u32, s2: u32,
+  x_off: u32, z_off: u32, w_off: u32, o_off: u32,
+  x_st: vec4<u32>,
+  z_st: vec4<u32>,
+  o_st: vec4<u32>,
+  eps: f32, scale: f32, pad0: u32, pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> z: array<f32>;
+@group(0) @binding(3) var<storage, read_write> w: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+var<workgroup> partial: array<f32, 64>;
+
+// Σ x² over the row starting at xb, shared by all invocations of the workgroup.
+fn row_sum_squares(xb: u32, lid: u32) -> f32 {
+  var s = 0.0;
+  for (var j = lid; j < p.d; j += 64u) {
+    let v = x[xb + j];
+    s += v * v;
+  }
+  partial[lid] = s;
+  workgroupBarrier();
+  for (var half = 32u; half > 0u; half >>= 1u) {
+    if (lid < half) {
+      partial[lid] += partial[lid + half];
+    }
+    workgroupBarrier();
+  }
+  return partial[0];
+}
+
+@compute @workgroup_size(64)
+fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+  let r = linear_group(wid, nwg);
+  if (r >= p.n_rows) {
+    return;
+  }
+  let xb = p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz);
+  let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
+  let inv = 1.0 / sqrt(row_sum_squares(xb, lid) / f32(p.d) + p.eps);
+  for (var j = lid; j < p.d; j += 64u) {
+    out[ob + j] = x[xb + j] * inv * (1.0 + w[p.w_off + j]);
+  }
+}
+
+@compute @workgroup_size(64)
+fn l2_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+  let r = linear_group(wid, nwg);
+  if (r >= p.n_rows) {
+    return;
+  }
+  let xb = p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz);
+  let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
+  let f = p.scale / sqrt(row_sum_squares(xb, lid) + p.eps);
+  for (var j = lid; j < p.d; j += 64u) {
+    out[ob + j] = x[xb + j] * f;
+  }
+}
+
+@compute @workgroup_size(64)
+fn rms_norm_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+  let r = linear_group(wid, nwg);
+  if (r >= p.n_rows) {
+    return;
+  }
+  let xb = p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz);
+  let zb = p.z_off + row_offset3(r, p.s1, p.s2, p.z_st.xyz);
+  let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
+  let inv = 1.0 / sqrt(row_sum_squares(xb, lid) / f32(p.d) + p.eps);
+  for (var j = lid; j < p.d; j += 64u) {
+    out[ob + j] = w[p.w_off + j] * (x[xb + j] * inv) * silu(z[zb + j]);
+  }
+}

@@ -1,0 +1,747 @@
+// WebGpuBackend's ops: each validates its operands (the CPU backend's shape rules plus the WebGPU
+// kernel limits), binds them, fills the kernel's params struct (mirroring the WGSL `Params` field for
+// field; sizes are static_asserted) and records its dispatches. Kernel maths and launch shapes are
+// described at the top of each .wgsl file.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/ops.h"
+#include "backend/webgpu/backend_impl.h"
+#include "common/check.h"
+
+namespace kev::webgpu {
+
+namespace {
+
+constexpr uint64_t kGroup = 256;  // invocations per workgroup of the element-wise kernels
+constexpr uint32_t kChunk = 64;   // GDN chunk length (gated_delta_net*.wgsl)
+constexpr uint32_t kSlice = 16;   // GDN state columns per workgroup (gated_delta_net.wgsl)
+constexpr int64_t kQueryTile = 8; // queries per attention workgroup (attention.wgsl)
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+uint32_t u32(int64_t v) { return static_cast<uint32_t>(v); }
+
+const KernelSpec kGatherF32{"gather", "gather_f32", 3};
+const KernelSpec kGatherBf16{"gather", "gather_bf16", 3};
+const KernelSpec kRmsNorm{"norms", "rms_norm", 4};
+const KernelSpec kL2Norm{"norms", "l2_norm", 4};
+const KernelSpec kRmsNormGated{"norms", "rms_norm_gated", 4};
+const KernelSpec kSigmoidMul{"elementwise", "sigmoid_mul", 3};
+const KernelSpec kSwiglu{"elementwise", "swiglu", 3};
+const KernelSpec kAdd{"elementwise", "add", 3};
+const KernelSpec kCopyToF32{"copy", "copy_to_f32", 2};
+const KernelSpec kCopyToBf16{"copy", "copy_to_bf16", 2};
+const KernelSpec kGdnGates{"gdn_gates", "gdn_gates", 6};
+const KernelSpec kMatmul{"matmul", "matmul", 4};
+const KernelSpec kConv{"causal_conv1d", "conv", 6};
+const KernelSpec kConvState{"causal_conv1d", "conv_state", 6};
+const KernelSpec kRope{"rope", "rope", 3};
+const KernelSpec kAttention{"attention", "attention", 7};
+const KernelSpec kPointer{"pointer_head", "pointer_logits", 4};
+const KernelSpec kGdnPrep{"gated_delta_net_prep", "prep", 6};
+const KernelSpec kGdnRecur{"gated_delta_net", "recur", 8};
+
+// Outer dims of a rank 1..4 tensor folded to (s0, s1, s2), front-padded with 1 (stride 0).
+struct Outer {
+  uint32_t s1 = 1, s2 = 1;
+  uint32_t rows = 1;
+};
+
+Outer outer_of(const Tensor& t) {
+  uint32_t s[3] = {1, 1, 1};
+  for (int i = 0; i + 1 < t.rank; ++i) s[3 - (t.rank - 1) + i] = u32(t.shape[i]);
+  return Outer{s[1], s[2], s[0] * s[1] * s[2]};
+}
+
+void outer_strides(const Tensor& t, uint32_t out[4]) {
+  out[0] = out[1] = out[2] = out[3] = 0;
+  for (int i = 0; i + 1 < t.rank; ++i) out[3 - (t.rank - 1) + i] = u32(t.stride[i]);
+}
+
+// ---- params (mirroring the WGSL structs) --------------------------------------------------------
+
+struct GatherParams {
+  uint32_t n, d, src_off, src_stride, ids_off, out_off, out_stride, row_begin, row_count, total_rows, zero_invalid,
+      pad0;
+};
+static_assert(sizeof(GatherParams) == 48);
+
+struct NormParams {
+  uint32_t d, n_rows, s1, s2, x_off, z_off, w_off, o_off;
+  uint32_t x_st[4], z_st[4], o_st[4];
+  float eps, scale;
+  uint32_t pad0, pad1;
+};
+static_assert(sizeof(NormParams) == 96);
+
+struct BinaryParams {
+  uint32_t d, n_rows, s1, s2, x_off, y_off, o_off, pad0;
+  uint32_t x_st[4], y_st[4], o_st[4];
+};
+static_assert(sizeof(BinaryParams) == 80);
+
+struct CopyParams {
+  uint32_t d, n_rows, s1, s2, x_off, o_off, x_bf16, n_words;
+  uint32_t x_st[4], o_st[4];
+};
+static_assert(sizeof(CopyParams) == 64);
+
+struct GatesParams {
+  uint32_t n, hv, b_off, b_st, a_off, a_st, al_off, dt_off, beta_off, beta_st, g_off, g_st;
+};
+static_assert(sizeof(GatesParams) == 48);
+
+struct MatmulParams {
+  uint32_t n, k, m, tiles_m, x_off, x_st, w_off, o_off, o_st, col0, bias_off, has_bias;
+};
+static_assert(sizeof(MatmulParams) == 48);
+
+struct ConvParams {
+  uint32_t n, c, k, n_seqs, x_off, x_st, w_off, si_off, o_off, o_st, so_off, has_prefix, len, pad0, pad1, pad2;
+};
+static_assert(sizeof(ConvParams) == 64);
+
+struct RopeParams {
+  uint32_t n, h, half, n_seqs, x_off, x_st0, x_st1, pad0;
+};
+static_assert(sizeof(RopeParams) == 32);
+
+struct AttentionParams {
+  uint32_t n_tiles, h, hkv, hd, ls, qt;
+  float scale;
+  uint32_t pad0;
+  uint32_t q_off, q_st0, q_st1, k_off, k_st0, k_st1, v_off, v_st0, v_st1, pk_off, pk_st0, pk_st1, pv_off, pv_st0,
+      pv_st1, o_off, o_st0, o_st1, pad1, pad2;
+};
+static_assert(sizeof(AttentionParams) == 112);
+
+struct PointerParams {
+  uint32_t m, p_dim, q_rows, u_off, u_st, k_off, k_st, qi_off, o_off;
+  float scale;
+  uint32_t pad0, pad1;
+};
+static_assert(sizeof(PointerParams) == 48);
+
+struct GdnPrepParams {
+  uint32_t hk, hv, dk, n_chunks, q_off, q_st0, q_st1, k_off, k_st0, k_st1, g_off, g_st, b_off, b_st, chunk_base,
+      region, pairs, pad0, pad1, pad2;
+};
+static_assert(sizeof(GdnPrepParams) == 80);
+
+struct GdnRecurParams {
+  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, k_off, k_st0, k_st1, v_off, v_st0, v_st1, o_off, o_st0, o_st1, si_off,
+      so_off, has_state_in, has_state_out, n_seqs, n_slices, region, pad0;
+};
+static_assert(sizeof(GdnRecurParams) == 96);
+
+}  // namespace
+
+// ---- gathers ------------------------------------------------------------------------------------
+
+Status WebGpuBackend::embedding(const Tensor& table, const Tensor& ids, const Tensor& out) {
+  constexpr const char* kOp = "embedding";
+  KEV_TRY(cpu::check_embedding({kOp, false}, table, ids, out));
+  KEV_TRY(check_op(OpKind::Embedding, {table, ids, out}));
+  device_->begin_op();
+  const int64_t n = out.shape[0], d = out.shape[1];
+  if (n == 0 || d == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(Bound bi, bind(kOp, "ids", ids, 1));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 2));
+  auto* buf = dynamic_cast<GpuBuffer*>(table.buffer);
+  KEV_CHECK(buf != nullptr, ErrorCode::InvalidRequest, kOp, ": table lives in a buffer the webgpu backend did not allocate");
+  const KernelSpec& kernel = table.dtype == DType::BF16 ? kGatherBf16 : kGatherF32;
+  const uint64_t es = dtype_size(table.dtype);
+  GatherParams p{};
+  p.n = u32(n);
+  p.d = u32(d);
+  p.src_stride = u32(table.stride[0]);
+  p.ids_off = bi.off;
+  p.out_off = bo.off;
+  p.out_stride = u32(out.stride[0]);
+  p.total_rows = u32(table.shape[0]);
+  if (buf->pieces().size() <= 1) {
+    KEV_ASSIGN_OR_RETURN(Bound bt, bind(kOp, "table", table, 0));
+    KEV_TRY(separate(kOp, {&bt, &bi}, {&bo}));
+    p.src_off = bt.off;
+    p.row_begin = 0;
+    p.row_count = u32(table.shape[0]);
+    p.zero_invalid = 1;
+    return dispatch(kOp, kernel, &p, sizeof p, {bt.b, bi.b, bo.b}, ceil_div(n * d, kGroup));
+  }
+  // A table split at upload: one dispatch per piece, each writing the rows whose id it holds.
+  KEV_TRY(separate(kOp, {&bi}, {&bo}));
+  const GpuBuffer::Piece& first = buf->pieces().front();
+  KEV_CHECK(table.offset == 0 && table.is_contiguous() &&
+                first.row_bytes == static_cast<uint64_t>(table.stride[0]) * es,
+            ErrorCode::InvalidRequest, kOp, ": table ", table.describe(),
+            " must be the whole split weight it was uploaded as");
+  bool first_piece = true;
+  for (const GpuBuffer::Piece& piece : buf->pieces()) {
+    p.src_off = 0;
+    p.row_begin = u32(piece.begin / piece.row_bytes);
+    p.row_count = u32(piece.size / piece.row_bytes);
+    p.zero_invalid = first_piece ? 1 : 0;
+    first_piece = false;
+    KEV_TRY(dispatch(kOp, kernel, &p, sizeof p, {Binding{piece.buffer, 0, piece.size}, bi.b, bo.b},
+                     ceil_div(n * d, kGroup)));
+  }
+  return Status::success();
+}
+
+Status WebGpuBackend::gather_rows(const Tensor& x, const Tensor& idx, const Tensor& out) {
+  constexpr const char* kOp = "gather_rows";
+  KEV_TRY(cpu::check_gather_rows({kOp, false}, x, idx, out));
+  KEV_TRY(check_op(OpKind::GatherRows, {x, idx, out}));
+  device_->begin_op();
+  const int64_t n = out.shape[0], d = out.shape[1];
+  if (n == 0 || d == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(Bound bx, bind(kOp, "x", x, 0));
+  KEV_ASSIGN_OR_RETURN(Bound bi, bind(kOp, "idx", idx, 1));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 2));
+  KEV_TRY(separate(kOp, {&bx, &bi}, {&bo}));
+  GatherParams p{};
+  p.n = u32(n);
+  p.d = u32(d);
+  p.src_off = bx.off;
+  p.src_stride = u32(x.stride[0]);
+  p.ids_off = bi.off;
+  p.out_off = bo.off;
+  p.out_stride = u32(out.stride[0]);
+  p.row_count = p.total_rows = u32(x.shape[0]);
+  p.zero_invalid = 1;
+  return dispatch(kOp, kGatherF32, &p, sizeof p, {bx.b, bi.b, bo.b}, ceil_div(n * d, kGroup));
+}
+
+// ---- norms --------------------------------------------------------------------------------------
+
+Status WebGpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) {
+  constexpr const char* kOp = "rms_norm";
+  KEV_TRY(cpu::check_rms_norm({kOp, false}, x, w, out));
+  KEV_TRY(check_op(OpKind::RmsNorm, {x, w, out}));
+  device_->begin_op();
+  const Outer o = outer_of(x);
+  const int64_t d = x.dim(-1);
+  if (o.rows == 0 || d == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(Bound bx, bind(kOp, "x", x, 0));
+  KEV_ASSIGN_OR_RETURN(Bound bw, bind(kOp, "w", w, 2));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 3));
+  const Bound bz{device_->dummy(1), 0};
+  KEV_TRY(separate(kOp, {&bx, &bw}, {&bo}));
+  NormParams p{};
+  p.d = u32(d);
+  p.n_rows = o.rows;
+  p.s1 = o.s1;
+  p.s2 = o.s2;
+  p.x_off = bx.off;
+  p.w_off = bw.off;
+  p.o_off = bo.off;
+  outer_strides(x, p.x_st);
+  outer_strides(out, p.o_st);
+  p.eps = eps;
+  p.scale = 1.0f;
+  return dispatch(kOp, kRmsNorm, &p, sizeof p, {bx.b, bz.b, bw.b, bo.b}, o.rows);
+}
+
+Status WebGpuBackend::l2_norm(const Tensor& x, float eps, float scale, const Tensor& out) {
+  constexpr const char* kOp = "l2_norm";
+  KEV_TRY(cpu::check_l2_norm({kOp, false}, x, out));
+  KEV_TRY(check_op(OpKind::L2Norm, {x, out}));
+  device_->begin_op();
+  const Outer o = outer_of(x);
+  const int64_t d = x.dim(-1);
+  if (o.rows == 0 || d == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(Bound bx, bind(kOp, "x", x, 0));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 3));
+  KEV_TRY(separate(kOp, {&bx}, {&bo}));
+  NormParams p{};
+  p.d = u32(d);
+  p.n_rows = o.rows;
+  p.s1 = o.s1;
+  p.s2 = o.s2;
+  p.x_off = bx.off;
+  p.o_off = bo.off;
+  outer_strides(x, p.x_st);
+  outer_strides(out, p.o_st);
+  p.eps = eps;
+  p.scale = scale;
+  return dispatch(kOp, kL2Norm, &p, sizeof p, {bx.b, device_->dummy(1), device_->dummy(2), bo.b}, o.rows);
+}
+
+Status WebGpuBackend::rms_norm_gated(const Tensor& o_in, const Tensor& z, const Tensor& w, float eps,
+                                     const Tensor& out) {
+  constexpr const char* kOp = "rms_norm_gated";
+  KEV_TRY(cpu::check_rms_norm_gated({kOp, false}, o_in, z, w, out));
+  KEV_TRY(check_op(OpKind::RmsNormGated, {o_in, z, w, out}));
+  device_->begin_op();
+  const Outer o = outer_of(o_in);
+  const int64_t d = o_in.dim(-1);
+  if (o.rows == 0 || d == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(Bound bx, bind(kOp, "o", o_in, 0));
+  KEV_ASSIGN_OR_RETURN(Bound bz, bind(kOp, "z", z, 1));
+  KEV_ASSIGN_OR_RETURN(Bound bw, bind(kOp, "w", w, 2));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 3));
+  KEV_TRY(separate(kOp, {&bx, &bz, &bw}, {&bo}));
+  NormParams p{};
+  p.d = u32(d);
+  p.n_rows = o.rows;
+  p.s1 = o.s1;
+  p.s2 = o.s2;
+  p.x_off = bx.off;
+  p.z_off = bz.off;
+  p.w_off = bw.off;
+  p.o_off = bo.off;
+  outer_strides(o_in, p.x_st);
+  outer_strides(z, p.z_st);
+  outer_strides(out, p.o_st);
+  p.eps = eps;
+  p.scale = 1.0f;
+  return dispatch(kOp, kRmsNormGated, &p, sizeof p, {bx.b, bz.b, bw.b, bo.b}, o.rows);
+}
+
+// ---- element-wise -------------------------------------------------------------------------------
+
+Status WebGpuBackend::sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) {
+  KEV_TRY(check_op(OpKind::SigmoidMul, {x, gate, out}));
+  return binary("sigmoid_mul", kSigmoidMul, x, gate, out);
+}
+
+Status WebGpuBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  KEV_TRY(check_op(OpKind::Swiglu, {gate, up, out}));
+  return binary("swiglu", kSwiglu, gate, up, out);
+}
+
+Status WebGpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  KEV_TRY(check_op(OpKind::Add, {a, b, out}));
+  return binary("add", kAdd, a, b, out);
+}
+
+Status WebGpuBackend::binary(const char* op, const KernelSpec& k, const Tensor& x, const Tensor& y, const Tensor& out) {
+  KEV_TRY(cpu::check_binary({op, false}, x, y, out));
+  device_->begin_op();
+  const Outer o = outer_of(x);
+  const int64_t d = x.dim(-1);
+  if (o.rows == 0 || d == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(Bound bx, bind(op, "x", x, 0));
+  KEV_ASSIGN_OR_RETURN(Bound by, bind(op, "y", y, 1));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(op, "out", out, 2));
+  KEV_TRY(separate(op, {&bx, &by}, {&bo}));
+  BinaryParams p{};
+  p.d = u32(d);
+  p.n_rows = o.rows;
+  p.s1 = o.s1;
+  p.s2 = o.s2;
+  p.x_off = bx.off;
+  p.y_off = by.off;
+  p.o_off = bo.off;
+  outer_strides(x, p.x_st);
+  outer_strides(y, p.y_st);
+  outer_strides(out, p.o_st);
+  return dispatch(op, k, &p, sizeof p, {bx.b, by.b, bo.b}, ceil_div(uint64_t{o.rows} * d, kGroup));
+}
+
+Status WebGpuBackend::copy(const Tensor& x, const Tensor& out) {
+  constexpr const char* kOp = "copy";
+  KEV_TRY(cpu::check_copy({kOp, false}, x, out));
+  KEV_TRY(check_op(OpKind::Copy, {x, out}));
+  device_->begin_op();
+  const Outer o = outer_of(x);
+  const int64_t d = x.dim(-1);
+  const uint64_t total = uint64_t{o.rows} * static_cast<uint64_t>(d);
+  if (total == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(Bound bx, bind(kOp, "x", x, 0));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 1));
+  KEV_TRY(separate(kOp, {&bx}, {&bo}));
+  CopyParams p{};
+  p.d = u32(d);
+  p.n_rows = o.rows;
+  p.s1 = o.s1;
+  p.s2 = o.s2;
+  p.x_off = bx.off;
+  p.o_off = bo.off;
+  p.x_bf16 = x.dtype == DType::BF16 ? 1 : 0;
+  outer_strides(x, p.x_st);
+  outer_strides(out, p.o_st);
+  if (out.dtype == DType::BF16) {
+    const uint64_t first_word = bo.off / 2, last_word = (bo.off + total - 1) / 2;
+    p.n_words = u32(last_word - first_word + 1);
+    return dispatch(kOp, kCopyToBf16, &p, sizeof p, {bx.b, bo.b}, ceil_div(p.n_words, kGroup));
+  }
+  return dispatch(kOp, kCopyToF32, &p, sizeof p, {bx.b, bo.b}, ceil_div(total, kGroup));
+}
+
+Status WebGpuBackend::gdn_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias,
+                                const Tensor& beta, const Tensor& g) {
+  constexpr const char* kOp = "gdn_gates";
+  KEV_TRY(cpu::check_gdn_gates({kOp, false}, b, a, a_log, dt_bias, beta, g));
+  KEV_TRY(check_op(OpKind::GdnGates, {b, a, a_log, dt_bias, beta, g}));
+  device_->begin_op();
+  const int64_t n = b.shape[0], hv = b.shape[1];
+  if (n == 0 || hv == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(Bound bb, bind(kOp, "b", b, 0));
+  KEV_ASSIGN_OR_RETURN(Bound ba, bind(kOp, "a", a, 1));
+  KEV_ASSIGN_OR_RETURN(Bound bl, bind(kOp, "a_log", a_log, 2));
+  KEV_ASSIGN_OR_RETURN(Bound bd, bind(kOp, "dt_bias", dt_bias, 3));
+  KEV_ASSIGN_OR_RETURN(Bound bbeta, bind(kOp, "beta", beta, 4));
+  KEV_ASSIGN_OR_RETURN(Bound bg, bind(kOp, "g", g, 5));
+  KEV_TRY(separate(kOp, {&bb, &ba, &bl, &bd}, {&bbeta, &bg}));
+  GatesParams p{};
+  p.n = u32(n);
+  p.hv = u32(hv);
+  p.b_off = bb.off;
+  p.b_st = u32(b.stride[0]);
+  p.a_off = ba.off;
+  p.a_st = u32(a.stride[0]);
+  p.al_off = bl.off;
+  p.dt_off = bd.off;
+  p.beta_off = bbeta.off;
+  p.beta_st = u32(beta.stride[0]);
+  p.g_off = bg.off;
+  p.g_st = u32(g.stride[0]);
+  return dispatch(kOp, kGdnGates, &p, sizeof p, {bb.b, ba.b, bl.b, bd.b, bbeta.b, bg.b}, ceil_div(n * hv, kGroup));
+}
+
+// ---- matmul -------------------------------------------------------------------------------------
+
+Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  constexpr const char* kOp = "matmul";
+  KEV_TRY(cpu::check_matmul({kOp, false}, x, w, bias, out));
+  KEV_TRY(check_op(OpKind::Matmul, {x, w, bias, out}));
+  device_->begin_op();
+  const int64_t n = x.shape[0], k = x.shape[1], m = w.shape[0];
+  if (n == 0 || m == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(Bound bx, bind(kOp, "x", x, 0));
+  KEV_ASSIGN_OR_RETURN(Bound bb, bind(kOp, "bias", bias, 2));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 3));
+  auto* wbuf = dynamic_cast<GpuBuffer*>(w.buffer);
+  KEV_CHECK(wbuf != nullptr, ErrorCode::InvalidRequest, kOp, ": w lives in a buffer the webgpu backend did not allocate");
+  // Weight pieces: (binding, first output column, column count).
+  struct Part {
+    Bound bw;
+    int64_t col0, cols;
+  };
+  std::vector<Part> parts;
+  if (wbuf->pieces().size() <= 1) {
+    KEV_ASSIGN_OR_RETURN(Bound bw, bind(kOp, "w", w, 1));
+    parts.push_back({bw, 0, m});
+  } else {
+    const GpuBuffer::Piece& first = wbuf->pieces().front();
+    KEV_CHECK(w.offset == 0 && first.row_bytes == static_cast<uint64_t>(k) * sizeof(float), ErrorCode::InvalidRequest,
+              kOp, ": w ", w.describe(), " must be the whole split weight it was uploaded as");
+    for (const GpuBuffer::Piece& piece : wbuf->pieces()) {
+      parts.push_back({Bound{Binding{piece.buffer, 0, piece.size}, 0}, static_cast<int64_t>(piece.begin / piece.row_bytes),
+                       static_cast<int64_t>(piece.size / piece.row_bytes)});
+    }
+  }
+  for (Part& part : parts) KEV_TRY(separate(kOp, {&bx, &bb, &part.bw}, {&bo}));
+  MatmulParams p{};
+  p.n = u32(n);
+  p.k = u32(k);
+  p.x_off = bx.off;
+  p.x_st = u32(n > 1 ? x.stride[0] : k);
+  p.o_off = bo.off;
+  p.o_st = u32(n > 1 ? out.stride[0] : m);
+  p.bias_off = bb.off;
+  p.has_bias = bias.empty() ? 0 : 1;
+  for (const Part& part : parts) {
+    p.m = u32(part.cols);
+    p.tiles_m = u32(ceil_div(part.cols, 64));
+    p.w_off = part.bw.off;
+    p.col0 = u32(part.col0);
+    KEV_TRY(dispatch(kOp, kMatmul, &p, sizeof p, {bx.b, part.bw.b, bb.b, bo.b}, ceil_div(n, 64) * p.tiles_m));
+  }
+  return Status::success();
+}
+
+// ---- causal conv, rope, attention, pointer head ---------------------------------------------------
+
+Status WebGpuBackend::causal_conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& state_in,
+                                         const SeqLayout& layout, const Tensor& out, const Tensor& state_out) {
+  constexpr const char* kOp = "causal_conv1d_silu";
+  KEV_TRY(cpu::check_causal_conv1d_silu({kOp, false}, x, w, state_in, out, state_out));
+  KEV_TRY(check_op(OpKind::CausalConv1dSilu, {x, w, state_in, out, state_out}));
+  KEV_TRY(cpu::check_layout(kOp, layout, x.shape[0]));
+  KEV_CHECK(!layout.from_prefix || !state_in.empty(), ErrorCode::InvalidRequest, kOp,
+            ": layout.from_prefix is set but state_in is empty");
+  KEV_CHECK(state_out.empty() || layout.n_seqs() == 1, ErrorCode::InvalidRequest, kOp,
+            ": state_out is only defined for a single-sequence pass; this pass has ", layout.n_seqs(), " sequences");
+  device_->begin_op();
+  const int64_t n = x.shape[0], C = x.shape[1], K = w.shape[1];
+  const Tensor none;
+  KEV_ASSIGN_OR_RETURN(Bound bx, bind(kOp, "x", x, 0));
+  KEV_ASSIGN_OR_RETURN(Bound bw, bind(kOp, "w", w, 1));
+  KEV_ASSIGN_OR_RETURN(Bound bs, bind(kOp, "state_in", layout.from_prefix ? state_in : none, 2));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 4));
+  KEV_ASSIGN_OR_RETURN(Bound bso, bind(kOp, "state_out", state_out, 5));
+  KEV_TRY(separate(kOp, {&bx, &bw, &bs}, {&bo, &bso}));
+  KEV_ASSIGN_OR_RETURN(Binding offsets, stage_offsets(layout));
+  ConvParams p{};
+  p.n = u32(n);
+  p.c = u32(C);
+  p.k = u32(K);
+  p.n_seqs = u32(layout.n_seqs());
+  p.x_off = bx.off;
+  p.x_st = u32(x.stride[0]);
+  p.w_off = bw.off;
+  p.si_off = bs.off;
+  p.o_off = bo.off;
+  p.o_st = u32(out.stride[0]);
+  p.so_off = bso.off;
+  p.has_prefix = layout.from_prefix ? 1 : 0;
+  p.len = u32(n);
+  if (n > 0 && C > 0) {
+    KEV_TRY(dispatch(kOp, kConv, &p, sizeof p, {bx.b, bw.b, bs.b, offsets, bo.b, bso.b}, ceil_div(n * C, kGroup)));
+  }
+  if (!state_out.empty() && C > 0) {
+    KEV_TRY(dispatch(kOp, kConvState, &p, sizeof p, {bx.b, bw.b, bs.b, offsets, bo.b, bso.b},
+                     ceil_div(C * K, kGroup)));
+  }
+  return Status::success();
+}
+
+Status WebGpuBackend::rope(const Tensor& x, const SeqLayout& layout, int64_t n_rot, double theta) {
+  constexpr const char* kOp = "rope";
+  KEV_TRY(cpu::check_rope({kOp, false}, x));
+  KEV_TRY(check_op(OpKind::Rope, {x}));
+  KEV_TRY(cpu::check_layout(kOp, layout, x.shape[0]));
+  const int64_t H = x.shape[1], hd = x.shape[2], half = n_rot / 2;
+  KEV_CHECK(n_rot >= 0 && n_rot % 2 == 0 && n_rot <= hd, ErrorCode::InvalidRequest, kOp, ": n_rot = ", n_rot,
+            " must be even and within [0, head size ", hd, "]");
+  KEV_CHECK(theta > 0 && std::isfinite(theta), ErrorCode::InvalidRequest, kOp, ": theta = ", theta,
+            " must be positive and finite");
+  device_->begin_op();
+  if (half == 0 || x.shape[0] == 0 || H == 0) return Status::success();
+  int64_t max_len = 0;
+  for (int64_t r = 0; r < layout.n_seqs(); ++r) {
+    max_len = std::max<int64_t>(max_len, layout.offsets[r + 1] - layout.offsets[r]);
+  }
+  // Angles in double on the host, as the CPU backend does (see rope.wgsl).
+  std::vector<float> table(static_cast<size_t>(max_len * 2 * half));
+  for (int64_t i = 0; i < half; ++i) {
+    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
+    for (int64_t t = 0; t < max_len; ++t) {
+      const double phi = static_cast<double>(layout.pos0 + t) * inv_freq;
+      table[t * 2 * half + i] = static_cast<float>(std::cos(phi));
+      table[t * 2 * half + half + i] = static_cast<float>(std::sin(phi));
+    }
+  }
+  KEV_ASSIGN_OR_RETURN(Binding bt, device_->stage(table.data(), table.size() * sizeof(float)));
+  KEV_ASSIGN_OR_RETURN(Binding offsets, stage_offsets(layout));
+  KEV_ASSIGN_OR_RETURN(Bound bx, bind(kOp, "x", x, 2));
+  RopeParams p{};
+  p.n = u32(x.shape[0]);
+  p.h = u32(H);
+  p.half = u32(half);
+  p.n_seqs = u32(layout.n_seqs());
+  p.x_off = bx.off;
+  p.x_st0 = u32(x.stride[0]);
+  p.x_st1 = u32(x.stride[1]);
+  return dispatch(kOp, kRope, &p, sizeof p, {bt, offsets, bx.b}, ceil_div(x.shape[0] * H * half, kGroup));
+}
+
+Status WebGpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& prefix_k,
+                                const Tensor& prefix_v, const SeqLayout& layout, float scale, const Tensor& out) {
+  constexpr const char* kOp = "attention";
+  KEV_TRY(cpu::check_attention({kOp, false}, q, k, v, prefix_k, prefix_v, out));
+  KEV_TRY(check_op(OpKind::Attention, {q, k, v, prefix_k, prefix_v, out}));
+  KEV_TRY(cpu::check_layout(kOp, layout, q.shape[0]));
+  KEV_CHECK(!layout.from_prefix || !prefix_k.empty(), ErrorCode::InvalidRequest, kOp,
+            ": layout.from_prefix is set but prefix_k / prefix_v are empty");
+  device_->begin_op();
+  const int64_t n = q.shape[0], H = q.shape[1], hd = q.shape[2];
+  if (n == 0 || H == 0) return Status::success();
+  const bool use_prefix = layout.from_prefix && prefix_k.shape[0] > 0;
+  const Tensor none;
+  KEV_ASSIGN_OR_RETURN(Bound bq, bind(kOp, "q", q, 0));
+  KEV_ASSIGN_OR_RETURN(Bound bk, bind(kOp, "k", k, 1));
+  KEV_ASSIGN_OR_RETURN(Bound bv, bind(kOp, "v", v, 2));
+  KEV_ASSIGN_OR_RETURN(Bound bpk, bind(kOp, "prefix_k", use_prefix ? prefix_k : none, 3));
+  KEV_ASSIGN_OR_RETURN(Bound bpv, bind(kOp, "prefix_v", use_prefix ? prefix_v : none, 4));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 6));
+  KEV_TRY(separate(kOp, {&bq, &bk, &bv, &bpk, &bpv}, {&bo}));
+  // Query tiles of up to kQueryTile consecutive tokens of one sequence: (sequence start, τ0, count, 0).
+  std::vector<uint32_t> tiles;
+  for (int64_t r = 0; r < layout.n_seqs(); ++r) {
+    const int64_t len = layout.offsets[r + 1] - layout.offsets[r];
+    for (int64_t tau0 = 0; tau0 < len; tau0 += kQueryTile) {
+      tiles.insert(tiles.end(), {u32(layout.offsets[r]), u32(tau0), u32(std::min(kQueryTile, len - tau0)), 0u});
+    }
+  }
+  KEV_ASSIGN_OR_RETURN(Binding bt, device_->stage(tiles.data(), tiles.size() * sizeof(uint32_t)));
+  AttentionParams p{};
+  p.n_tiles = u32(tiles.size() / 4);
+  p.h = u32(H);
+  p.hkv = u32(k.shape[1]);
+  p.hd = u32(hd);
+  p.ls = use_prefix ? u32(prefix_k.shape[0]) : 0;
+  p.qt = u32(kQueryTile);
+  p.scale = scale;
+  p.q_off = bq.off;
+  p.q_st0 = u32(q.stride[0]);
+  p.q_st1 = u32(q.stride[1]);
+  p.k_off = bk.off;
+  p.k_st0 = u32(k.stride[0]);
+  p.k_st1 = u32(k.stride[1]);
+  p.v_off = bv.off;
+  p.v_st0 = u32(v.stride[0]);
+  p.v_st1 = u32(v.stride[1]);
+  if (use_prefix) {
+    p.pk_off = bpk.off;
+    p.pk_st0 = u32(prefix_k.stride[0]);
+    p.pk_st1 = u32(prefix_k.stride[1]);
+    p.pv_off = bpv.off;
+    p.pv_st0 = u32(prefix_v.stride[0]);
+    p.pv_st1 = u32(prefix_v.stride[1]);
+  }
+  p.o_off = bo.off;
+  p.o_st0 = u32(out.stride[0]);
+  p.o_st1 = u32(out.stride[1]);
+  return dispatch(kOp, kAttention, &p, sizeof p, {bq.b, bk.b, bv.b, bpk.b, bpv.b, bt, bo.b},
+                  uint64_t{p.n_tiles} * static_cast<uint64_t>(H));
+}
+
+Status WebGpuBackend::pointer_logits(const Tensor& u, const Tensor& kappa, const Tensor& question, float scale,
+                                     const Tensor& out) {
+  constexpr const char* kOp = "pointer_logits";
+  KEV_TRY(cpu::check_pointer_logits({kOp, false}, u, kappa, question, out));
+  KEV_TRY(check_op(OpKind::PointerLogits, {u, kappa, question, out}));
+  device_->begin_op();
+  const int64_t M = kappa.shape[0];
+  if (M == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(Bound bu, bind(kOp, "u", u, 0));
+  KEV_ASSIGN_OR_RETURN(Bound bk, bind(kOp, "kappa", kappa, 1));
+  KEV_ASSIGN_OR_RETURN(Bound bq, bind(kOp, "question", question, 2));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 3));
+  KEV_TRY(separate(kOp, {&bu, &bk, &bq}, {&bo}));
+  PointerParams p{};
+  p.m = u32(M);
+  p.p_dim = u32(u.shape[1]);
+  p.q_rows = u32(u.shape[0]);
+  p.u_off = bu.off;
+  p.u_st = u32(u.stride[0]);
+  p.k_off = bk.off;
+  p.k_st = u32(kappa.stride[0]);
+  p.qi_off = bq.off;
+  p.o_off = bo.off;
+  p.scale = scale;
+  return dispatch(kOp, kPointer, &p, sizeof p, {bu.b, bk.b, bq.b, bo.b}, static_cast<uint64_t>(M));
+}
+
+// ---- gated delta rule ---------------------------------------------------------------------------
+
+Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                       const Tensor& beta, const Tensor& state_in, const SeqLayout& layout,
+                                       const Tensor& out, const Tensor& state_out) {
+  constexpr const char* kOp = "gated_delta_rule";
+  KEV_TRY(cpu::check_gated_delta_rule({kOp, false}, q, k, v, g, beta, state_in, out, state_out));
+  KEV_TRY(check_op(OpKind::GatedDeltaRule, {q, k, v, g, beta, state_in, out, state_out}));
+  KEV_TRY(cpu::check_layout(kOp, layout, q.shape[0]));
+  KEV_CHECK(!layout.from_prefix || !state_in.empty(), ErrorCode::InvalidRequest, kOp,
+            ": layout.from_prefix is set but state_in is empty");
+  KEV_CHECK(state_out.empty() || layout.n_seqs() == 1, ErrorCode::InvalidRequest, kOp,
+            ": state_out is only defined for a single-sequence pass; this pass has ", layout.n_seqs(), " sequences");
+  device_->begin_op();
+  const int64_t Hk = q.shape[1], dk = q.shape[2], Hv = v.shape[1], dv = v.shape[2];
+  const int64_t R = layout.n_seqs();
+  if (R == 0 || Hv == 0) return Status::success();
+  const Tensor none;
+  KEV_ASSIGN_OR_RETURN(Bound bq, bind(kOp, "q", q, 0));
+  KEV_ASSIGN_OR_RETURN(Bound bk, bind(kOp, "k", k, 1));
+  KEV_ASSIGN_OR_RETURN(Bound bv, bind(kOp, "v", v, 2));
+  KEV_ASSIGN_OR_RETURN(Bound bg, bind(kOp, "g", g, 3));
+  KEV_ASSIGN_OR_RETURN(Bound bbeta, bind(kOp, "beta", beta, 4));
+  KEV_ASSIGN_OR_RETURN(Bound bs, bind(kOp, "state_in", layout.from_prefix ? state_in : none, 5));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 6));
+  KEV_ASSIGN_OR_RETURN(Bound bso, bind(kOp, "state_out", state_out, 7));
+  KEV_TRY(separate(kOp, {&bq, &bk, &bv, &bg, &bbeta, &bs}, {&bo, &bso}));
+
+  // Sequences go in groups whose chunk matrices fit one scratch binding (usually all at once).
+  const uint64_t region = 2ull * kChunk * kChunk + uint64_t(kChunk) * dk + 2ull * kChunk;
+  const uint64_t region_bytes = region * sizeof(float) * static_cast<uint64_t>(Hv);
+  const uint64_t max_chunks = limits_.max_binding / region_bytes;
+  std::vector<int64_t> chunks(R);
+  uint64_t group_max = 0, run = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    chunks[r] = static_cast<int64_t>(ceil_div(layout.offsets[r + 1] - layout.offsets[r], kChunk));
+    KEV_CHECK(static_cast<uint64_t>(chunks[r]) <= max_chunks, ErrorCode::Unsupported, kOp, ": a sequence of ",
+              layout.offsets[r + 1] - layout.offsets[r], " tokens needs ", chunks[r] * region_bytes,
+              " bytes of chunk matrices; the storage binding limit ", limits_.max_binding, " holds ", max_chunks * kChunk,
+              " tokens");
+    if (run + chunks[r] > max_chunks) {
+      group_max = std::max(group_max, run);
+      run = 0;
+    }
+    run += chunks[r];
+  }
+  group_max = std::max<uint64_t>({group_max, run, 1});
+  KEV_ASSIGN_OR_RETURN(Binding scratch, device_->scratch(group_max * region_bytes));
+
+  GdnPrepParams pp{};
+  pp.hk = u32(Hk);
+  pp.hv = u32(Hv);
+  pp.dk = u32(dk);
+  pp.q_off = bq.off;
+  pp.q_st0 = u32(q.stride[0]);
+  pp.q_st1 = u32(q.stride[1]);
+  pp.k_off = bk.off;
+  pp.k_st0 = u32(k.stride[0]);
+  pp.k_st1 = u32(k.stride[1]);
+  pp.g_off = bg.off;
+  pp.g_st = u32(g.stride[0]);
+  pp.b_off = bbeta.off;
+  pp.b_st = u32(beta.stride[0]);
+  pp.region = u32(region);
+  pp.pairs = kChunk * kChunk / 256;
+  GdnRecurParams rp{};
+  rp.hk = u32(Hk);
+  rp.hv = u32(Hv);
+  rp.dk = u32(dk);
+  rp.dv = u32(dv);
+  rp.q_off = bq.off;
+  rp.q_st0 = pp.q_st0;
+  rp.q_st1 = pp.q_st1;
+  rp.k_off = bk.off;
+  rp.k_st0 = pp.k_st0;
+  rp.k_st1 = pp.k_st1;
+  rp.v_off = bv.off;
+  rp.v_st0 = u32(v.stride[0]);
+  rp.v_st1 = u32(v.stride[1]);
+  rp.o_off = bo.off;
+  rp.o_st0 = u32(out.stride[0]);
+  rp.o_st1 = u32(out.stride[1]);
+  rp.si_off = bs.off;
+  rp.so_off = bso.off;
+  rp.has_state_in = layout.from_prefix ? 1 : 0;
+  rp.has_state_out = state_out.empty() ? 0 : 1;
+  rp.n_slices = u32(ceil_div(dv, kSlice));
+  rp.region = u32(region);
+
+  for (int64_t r0 = 0; r0 < R;) {
+    // Table: per sequence (first chunk, chunk count, first token, length), then per chunk (t0, cn).
+    std::vector<uint32_t> seqs, chunk_list;
+    uint64_t n_chunks = 0;
+    int64_t r1 = r0;
+    for (; r1 < R && (r1 == r0 || n_chunks + chunks[r1] <= max_chunks); ++r1) {
+      const int64_t begin = layout.offsets[r1], len = layout.offsets[r1 + 1] - begin;
+      seqs.insert(seqs.end(), {u32(n_chunks), u32(chunks[r1]), u32(begin), u32(len)});
+      for (int64_t c = 0; c < chunks[r1]; ++c) {
+        chunk_list.push_back(u32(begin + c * kChunk));
+        chunk_list.push_back(u32(std::min<int64_t>(kChunk, len - c * kChunk)));
+      }
+      n_chunks += chunks[r1];
+    }
+    std::vector<uint32_t> table(seqs);
+    table.insert(table.end(), chunk_list.begin(), chunk_list.end());
+    KEV_ASSIGN_OR_RETURN(Binding bt, device_->stage(table.data(), table.size() * sizeof(uint32_t)));
+    pp.n_chunks = u32(n_chunks);
+    pp.chunk_base = u32(seqs.size());
+    KEV_TRY(dispatch(kOp, kGdnPrep, &pp, sizeof pp, {bq.b, bk.b, bg.b, bbeta.b, bt, scratch},
+                     n_chunks * static_cast<uint64_t>(Hv)));
+    rp.n_seqs = u32(r1 - r0);
+    KEV_TRY(dispatch(kOp, kGdnRecur, &rp, sizeof rp, {bq.b, bk.b, bv.b, bs.b, bt, scratch, bo.b, bso.b},
+                     uint64_t{rp.n_slices} * Hv * rp.n_seqs));
+    r0 = r1;
+  }
+  return Status::success();
+}
+
+}  // namespace kev::webgpu

@@ -1,0 +1,55 @@
+// Prepended to every kernel file at pipeline creation (device.cpp): helpers shared by all kernels.
+//
+// Dispatch folding: the host folds a linear count of workgroups into a 2-D grid (x up to the
+// per-dimension limit, then y), so a kernel's linear workgroup index is wid.x + wid.y * nwg.x and
+// indices past the kernel's own count return early.
+// BF16 values are read from u32 words: element e lives in word e >> 1, low half when e is even.
+
+fn linear_group(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+  return wid.x + wid.y * nwg.x;
+}
+
+fn bf16_from_word(word: u32, e: u32) -> f32 {
+  return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (e & 1u) == 1u));
+}
+
+// Round to nearest even; NaN stays a quiet NaN (as common/bf16.h).
+fn f32_to_bf16_bits(f: f32) -> u32 {
+  let u = bitcast<u32>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    return ((u >> 16u) | 0x40u) & 0xffffu;
+  }
+  return ((u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u) & 0xffffu;
+}
+
+// Overflow-free logistic: exp of a non-positive argument only.
+fn sigmoid(x: f32) -> f32 {
+  if (x >= 0.0) {
+    return 1.0 / (1.0 + exp(-x));
+  }
+  let e = exp(x);
+  return e / (1.0 + e);
+}
+
+fn silu(x: f32) -> f32 {
+  return x * sigmoid(x);
+}
+
+// log(1 + x) without the cancellation of log(1 + x) for small x (Goldberg's correction).
+fn log1p_accurate(x: f32) -> f32 {
+  let u = 1.0 + x;
+  if (u == 1.0) {
+    return x;
+  }
+  return log(u) * x / (u - 1.0);
+}
+
+// Offset of row r of a tensor whose outer dims are (s0, s1, s2) (padded with 1 at the front) and
+// strides (st.x, st.y, st.z); rows are enumerated row-major over the outer dims.
+fn row_offset3(r: u32, s1: u32, s2: u32, st: vec3<u32>) -> u32 {
+  let i2 = r % s2;
+  let q = r / s2;
+  let i1 = q % s1;
+  let i0 = q / s1;
+  return i0 * st.x + i1 * st.y + i2 * st.z;
+}

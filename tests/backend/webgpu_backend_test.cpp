@@ -1,0 +1,236 @@
+// The WebGPU backend against the CPU reference: every op case of the tables (op_cases_support.cpp),
+// weights split at the binding limit, dispatch folding, upload ordering inside one pass, and the
+// audit-only mode. Runs on whatever adapter Dawn finds (lavapipe in CI); without one the tests skip
+// with the reason printed. Rerun one op with --gtest_filter='WebGpu/OpVsReference.Matches/matmul*'.
+#ifdef KEV_HAVE_WEBGPU
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "backend/op_harness.h"
+#include "backend/webgpu/webgpu_backend.h"
+
+namespace kev::optest {
+namespace {
+
+// The shared WebGPU backend, or null with the reason in `why` (no adapter on this machine).
+std::shared_ptr<Backend> webgpu(std::string* why) {
+  static std::shared_ptr<Backend> b;
+  static std::string reason;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    auto r = create_backend("webgpu", BackendOptions{});
+    if (r.ok()) {
+      b = r.value();
+    } else {
+      reason = r.status().to_string();
+    }
+  }
+  if (why) *why = reason;
+  return b;
+}
+
+Backend& cpu_reference() {
+  static std::shared_ptr<Backend> ref = [] {
+    BackendOptions o;
+    o.reference_mode = true;
+    return create_backend("cpu", o).value();
+  }();
+  return *ref;
+}
+
+#define REQUIRE_WEBGPU(var)                                   \
+  std::string why_;                                           \
+  std::shared_ptr<Backend> var = webgpu(&why_);               \
+  if (!var) {                                                 \
+    std::printf("no WebGPU adapter: %s\n", why_.c_str());     \
+    GTEST_SKIP() << "no WebGPU adapter: " << why_;            \
+  }
+
+TEST(WebGpu, ReportsAdapterAndLimits) {
+  REQUIRE_WEBGPU(gpu);
+  const BackendInfo info = gpu->info();
+  EXPECT_EQ(info.name, "webgpu");
+  EXPECT_FALSE(info.device.empty());
+  std::printf("webgpu adapter: %s\n", info.device.c_str());
+}
+
+class OpVsReference : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(OpVsReference, Matches) {
+  REQUIRE_WEBGPU(gpu);
+  const OpCase& c = all_op_cases()[GetParam()];
+  const CaseReport r = run_case(c, *gpu, cpu_reference());
+  ASSERT_TRUE(r.supported) << r.message;
+  EXPECT_TRUE(r.ok) << r.message;
+  std::cout << r.message;
+}
+
+std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
+  return std::string(op_name(all_op_cases()[info.param].kind)) + "_" + std::to_string(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(WebGpu, OpVsReference, ::testing::Range<size_t>(0, all_op_cases().size()), case_name);
+
+// ---- direct tests (own buffers, not the harness) --------------------------------------------------
+
+std::vector<float> random_floats(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+Tensor put(Backend& b, std::vector<std::shared_ptr<Buffer>>& keep, BufferUsage usage, DType dt,
+           std::initializer_list<int64_t> shape, const void* data) {
+  size_t n = 1;
+  for (int64_t s : shape) n *= static_cast<size_t>(s);
+  auto buf = b.alloc(n * dtype_size(dt), usage);
+  EXPECT_TRUE(buf.ok()) << buf.status().to_string();
+  keep.push_back(buf.value());
+  Tensor t = Tensor::contiguous(keep.back().get(), 0, dt, shape);
+  if (data) {
+    Status s = b.upload(t, data, n * dtype_size(dt));
+    EXPECT_TRUE(s.ok()) << s.to_string();
+  }
+  return t;
+}
+
+std::vector<float> get(Backend& b, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  Status s = b.download(t, v.data(), v.size() * 4);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return v;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
+  return m;
+}
+
+// Weights above a (test-lowered, 1 MiB) binding limit are split on rows at upload; embedding and
+// matmul dispatch per piece and must equal the CPU on the same data.
+TEST(WebGpu, SplitWeightsMatchTheCpu) {
+  REQUIRE_WEBGPU(unused);
+  auto split = create_webgpu_backend_with_binding_limit(BackendOptions{}, uint64_t{1} << 20);
+  ASSERT_TRUE(split.ok()) << split.status().to_string();
+  Backend& gpu = **split;
+  Backend& cpu = cpu_reference();
+  std::vector<std::shared_ptr<Buffer>> keep;
+  const int64_t V = 1000, d = 1024, n = 9, m = 700;  // table 4 MB, w 2.8 MB: 4 and 3 pieces
+  const std::vector<float> table = random_floats(V * d, 1);
+  const std::vector<int32_t> ids = {0, 999, 255, 256, 511, 512, 767, 768, 3};
+  const std::vector<float> w = random_floats(m * d, 2, 0.03f);
+  const std::vector<float> bias = random_floats(m, 3);
+  std::vector<float> want_x, want_y;
+  for (Backend* b : {&gpu, &cpu}) {
+    const Tensor t_table = put(*b, keep, BufferUsage::Weights, DType::F32, {V, d}, table.data());
+    const Tensor t_ids = put(*b, keep, BufferUsage::Activations, DType::I32, {n}, ids.data());
+    const Tensor t_w = put(*b, keep, BufferUsage::Weights, DType::F32, {m, d}, w.data());
+    const Tensor t_bias = put(*b, keep, BufferUsage::Weights, DType::F32, {m}, bias.data());
+    const Tensor x = put(*b, keep, BufferUsage::Activations, DType::F32, {n, d}, nullptr);
+    const Tensor y = put(*b, keep, BufferUsage::Activations, DType::F32, {n, m}, nullptr);
+    ASSERT_TRUE(b->embedding(t_table, t_ids, x).ok());
+    ASSERT_TRUE(b->matmul(x, t_w, t_bias, y).ok());
+    if (b == &gpu) {
+      want_x = get(*b, x);
+      want_y = get(*b, y);
+      EXPECT_GT(t_table.buffer->size(), size_t{1} << 20);
+    } else {
+      EXPECT_EQ(max_abs_diff(want_x, get(*b, x)), 0.0) << "embedding rows from split pieces";
+      EXPECT_LE(max_abs_diff(want_y, get(*b, y)), 1e-4) << "matmul over split weight pieces";
+    }
+  }
+  // A non-weight tensor above the (lowered) limit is refused by supports().
+  Tensor big;
+  big.rank = 2;
+  big.shape = {400, 1024};
+  big.stride = {1024, 1};
+  EXPECT_FALSE(gpu.supports(OpDesc{OpKind::Add, {big, big, big}}));
+}
+
+// 70,000 rows, one workgroup each: more than the 65,535 workgroups of one dimension.
+TEST(WebGpu, FoldsDispatchesAboveTheDimensionLimit) {
+  REQUIRE_WEBGPU(gpu);
+  Backend& cpu = cpu_reference();
+  std::vector<std::shared_ptr<Buffer>> keep;
+  const int64_t rows = 70000, d = 8;
+  const std::vector<float> x = random_floats(rows * d, 4);
+  const std::vector<float> w = random_floats(d, 5, 0.1f);
+  std::vector<float> got;
+  for (Backend* b : {gpu.get(), &cpu}) {
+    const Tensor tx = put(*b, keep, BufferUsage::Activations, DType::F32, {rows, d}, x.data());
+    const Tensor tw = put(*b, keep, BufferUsage::Weights, DType::F32, {d}, w.data());
+    const Tensor out = put(*b, keep, BufferUsage::Activations, DType::F32, {rows, d}, nullptr);
+    ASSERT_TRUE(b->rms_norm(tx, tw, 1e-6f, out).ok());
+    if (b == gpu.get()) {
+      got = get(*b, out);
+    } else {
+      EXPECT_LE(max_abs_diff(got, get(*b, out)), 1e-5);
+    }
+  }
+}
+
+// Inside one pass, an upload lands where it sits in the op order: the same region uploaded twice, read
+// by an op after each upload, gives each op its own data (a queue write straight into the region
+// would make both ops see the second upload).
+TEST(WebGpu, UploadsLandInOpOrder) {
+  REQUIRE_WEBGPU(gpu);
+  std::vector<std::shared_ptr<Buffer>> keep;
+  const int64_t n = 64;
+  std::vector<float> a(n, 1.0f), b(n, 2.0f), zero(n, 0.0f);
+  const Tensor region = put(*gpu, keep, BufferUsage::Activations, DType::F32, {n}, nullptr);
+  const Tensor z = put(*gpu, keep, BufferUsage::Activations, DType::F32, {n}, zero.data());
+  const Tensor out1 = put(*gpu, keep, BufferUsage::Activations, DType::F32, {n}, nullptr);
+  const Tensor out2 = put(*gpu, keep, BufferUsage::Activations, DType::F32, {n}, nullptr);
+  ASSERT_TRUE(gpu->synchronize().ok());
+  ASSERT_TRUE(gpu->upload(region, a.data(), n * 4).ok());
+  ASSERT_TRUE(gpu->add(region, z, out1).ok());
+  ASSERT_TRUE(gpu->upload(region, b.data(), n * 4).ok());
+  ASSERT_TRUE(gpu->add(region, z, out2).ok());
+  EXPECT_EQ(get(*gpu, out1), a);
+  EXPECT_EQ(get(*gpu, out2), b);
+}
+
+// kev_export's audit: no adapter, WebGPU default limits; the model's ops are supported, and a
+// tensor over the default 128 MiB binding limit is not (unless it is a splittable weight).
+TEST(WebGpu, AuditOnlyAnswersUnderDefaultLimits) {
+  BackendOptions o;
+  o.audit_only = true;
+  auto b = create_backend("webgpu", o);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto mk = [](DType dt, std::initializer_list<int64_t> shape) {
+    Tensor t;
+    t.dtype = dt;
+    t.rank = static_cast<int>(shape.size());
+    int i = 0;
+    for (int64_t s : shape) t.shape[i++] = s;
+    int64_t st = 1;
+    for (int d = t.rank - 1; d >= 0; --d) {
+      t.stride[d] = st;
+      st *= t.shape[d];
+    }
+    return t;
+  };
+  // The 0.8B embedding table (~1 GiB F32) is split at upload; its rows are small.
+  EXPECT_TRUE((*b)->supports(
+      OpDesc{OpKind::Embedding, {mk(DType::F32, {248320, 1024}), mk(DType::I32, {7}), mk(DType::F32, {7, 1024})}}));
+  EXPECT_FALSE((*b)->supports(OpDesc{OpKind::Add, {mk(DType::F32, {40000, 1024}), mk(DType::F32, {40000, 1024}),
+                                                   mk(DType::F32, {40000, 1024})}}));
+  EXPECT_FALSE((*b)->supports(
+      OpDesc{OpKind::Matmul, {mk(DType::F32, {4, 64}), mk(DType::BF16, {8, 64}), Tensor(), mk(DType::F32, {4, 8})}}));
+  EXPECT_EQ((*b)->alloc(16, BufferUsage::Activations).status().code(), ErrorCode::Unsupported);
+}
+
+}  // namespace
+}  // namespace kev::optest
+
+#endif  // KEV_HAVE_WEBGPU

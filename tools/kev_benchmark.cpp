@@ -158,6 +158,7 @@ kev::Result<Ceilings> measure_ceilings(const kev::Options& options, kev::DType w
   bo.threads = options.threads;
   bo.device = options.device;
   bo.cuda_graphs = options.cuda_graphs;
+  bo.cuda_bf16x2 = false;  // the ceiling is the hardware's plain BF16 GEMM rate
   bo.adapter = options.adapter;
   KEV_ASSIGN_OR_RETURN(std::shared_ptr<kev::Backend> b, kev::create_backend(options.backend, bo));
   const int64_t n = 4096;
@@ -228,6 +229,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", options.threads, "CPU threads (0 = all cores)");
   app.add_option("--device", options.device, "CUDA device ordinal");
   app.add_flag("!--no-cuda-graphs", options.cuda_graphs, "CUDA: launch every kernel instead of replaying graphs");
+  app.add_flag("!--cuda-fast-bf16", options.cuda_bf16x2, "CUDA: round GEMM inputs to BF16 instead of splitting them into two BF16 halves");
   app.add_option("--adapter", options.adapter, "WebGPU adapter: name substring or type (discrete, integrated, cpu)");
   app.add_flag("--profile", profile, "add one profiled run: time per op");
   app.add_flag("--gemm-peak", gemm_peak, "measure OpenBLAS sgemm throughput in the same run (CPU baseline)");

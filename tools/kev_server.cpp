@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", options.threads, "CPU threads of the model (0 = all cores)");
   app.add_option("--device", options.device, "CUDA device ordinal");
   app.add_flag("!--no-cuda-graphs", options.cuda_graphs, "CUDA: launch every kernel instead of replaying graphs");
+  app.add_flag("!--cuda-fast-bf16", options.cuda_bf16x2, "CUDA: round GEMM inputs to BF16 instead of splitting them into two BF16 halves");
   app.add_option("--adapter", options.adapter, "WebGPU adapter: name substring or type (discrete, integrated, cpu)");
   app.add_option("--max-prefix", max_prefix, "state token limit (default: the model's)");
   app.add_option("--max-context", max_context, "state + row token limit (default: the model's)");

@@ -114,6 +114,7 @@ struct Options {
   int threads = 0;                 // CPU worker threads; 0 = hardware concurrency
   int device = 0;                  // CUDA device ordinal
   bool cuda_graphs = true;         // CUDA: replay recurring passes as CUDA graphs
+  bool cuda_bf16x2 = true;         // CUDA: x as two BF16 halves in BF16 GEMMs (false: x rounded to BF16)
   std::string adapter;             // WebGPU adapter: name substring or type ("discrete", "cpu"); "" = default
   bool profile_ops = false;        // time every op (waits for the device after each; slows passes)
   // Loading an upstream checkpoint directory (head.pt + adapter or full weights) instead of an exported

@@ -15,9 +15,10 @@ fallback Gated DeltaNet), in BF16 on the GPU, and times the work kev_benchmark d
 The token counts come from kev_benchmark's --json output of the same run (state_tokens, row_tokens),
 so both sides do the same amount of work. Token ids are random (the weights are random too).
 
-  python3 reference/bench/hf_baseline.py --model DIR --kev-json short.json [--runs 10] [--warmups 3]
+  python3 reference/bench/hf_baseline.py --model DIR --kev-json short.json [long.json ...] [--runs 10]
 
-Prints one JSON object (medians in ms). The Kev pointer head is not run (a few hundred FLOPs).
+Prints one JSON object per workload (medians in ms). The Kev pointer head is not run (a few hundred
+FLOPs).
 """
 import argparse
 import copy
@@ -47,6 +48,7 @@ def build_model(model_dir: pathlib.Path, device: str):
     config._attn_implementation = "eager"
     with torch.device("meta"):
         model = Qwen3_5TextModel(config)
+    model = model.to_empty(device=device).to(torch.bfloat16)
     state = load_file(str(model_dir / "weights.safetensors"))
     hf_state = {}
     for name, t in state.items():
@@ -55,12 +57,11 @@ def build_model(model_dir: pathlib.Path, device: str):
         if name.endswith("linear_attn.conv1d.weight") and t.dim() == 2:
             t = t.unsqueeze(1)  # ours [C, K], HF's depthwise Conv1d [C, 1, K]
         hf_state[name] = t.to(torch.bfloat16)
-    missing, unexpected = model.load_state_dict(hf_state, strict=False, assign=True)
+    missing, unexpected = model.load_state_dict(hf_state, strict=False)
     # Buffers (rotary inv_freq) are not in the file: rebuild them on the real device.
     missing = [m for m in missing if "inv_freq" not in m]
     if missing or unexpected:
         sys.exit(f"weights do not match Qwen3_5TextModel: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model = model.to(device=device, dtype=torch.bfloat16)
     if hasattr(model, "rotary_emb"):
         model.rotary_emb = type(model.rotary_emb)(config=config, device=device)
     model.eval()
@@ -84,14 +85,19 @@ def timed(fn, warmups: int, runs: int):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, type=pathlib.Path)
-    ap.add_argument("--kev-json", required=True, type=pathlib.Path, help="kev_benchmark --json output")
+    ap.add_argument("--kev-json", required=True, type=pathlib.Path, nargs="+", help="kev_benchmark --json outputs")
     ap.add_argument("--warmups", type=int, default=3)
     ap.add_argument("--runs", type=int, default=10)
     args = ap.parse_args()
 
-    kev = json.loads(args.kev_json.read_text())
-    Ls, n_rows = int(kev["state_tokens"]), int(kev["row_tokens"])
     model, config = build_model(args.model, "cuda")
+    for kev_json in args.kev_json:
+        kev = json.loads(kev_json.read_text())
+        print(json.dumps(run_workload(model, config, kev, args.warmups, args.runs)), flush=True)
+
+
+def run_workload(model, config, kev, warmups, runs):
+    Ls, n_rows = int(kev["state_tokens"]), int(kev["row_tokens"])
     g = torch.Generator().manual_seed(0)
     state_ids = torch.randint(0, config.vocab_size, (1, Ls), generator=g).cuda()
     row_ids = torch.randint(0, config.vocab_size, (1, n_rows), generator=g).cuda()
@@ -107,13 +113,13 @@ def main():
             model(input_ids=row_ids, past_key_values=copy.deepcopy(cache), position_ids=positions, use_cache=True)
 
         # deepcopy of the cache is part of what HF needs to reuse an immutable prefix; time it separately.
-        copy_ms = timed(lambda: copy.deepcopy(cache), args.warmups, args.runs)
-        prefill_ms = timed(prefill, args.warmups, args.runs)
-        eval_ms = timed(evaluate, args.warmups, args.runs)
+        copy_ms = timed(lambda: copy.deepcopy(cache), warmups, runs)
+        prefill_ms = timed(prefill, warmups, runs)
+        eval_ms = timed(evaluate, warmups, runs)
 
-    print(json.dumps({
+    return {
         "baseline": "hf-transformers-eager-bf16",
-        "model": str(args.model),
+        "model": kev.get("model"),
         "workload": kev.get("workload"),
         "state_tokens": Ls,
         "row_tokens": n_rows,
@@ -123,7 +129,7 @@ def main():
         "prefill_plus_evaluation_ms": prefill_ms + eval_ms - copy_ms,
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0),
-    }))
+    }
 
 
 if __name__ == "__main__":

@@ -136,6 +136,9 @@ struct BackendOptions {
   bool row_invariant_matmul = true;
   int device = 0;               // CUDA: device ordinal
   bool cuda_graphs = true;      // CUDA: replay recurring passes as CUDA graphs
+  // CUDA, BF16 weights: feed x to the GEMM as two BF16 halves (hi + lo, ~16 significand bits) instead of
+  // rounding it to BF16; W is still read once, the GEMM does twice the FLOPs (docs/numerics.md).
+  bool cuda_bf16x2 = true;
   std::string adapter;          // WebGPU: adapter name substring or type ("discrete", "cpu", ...); empty = default
   bool webgpu_f16 = false;      // WebGPU: F16 kernels where the adapter has shader-f16 (FP32 otherwise)
   // Only supports() is needed (kev_export's op audit): succeed without a device, answering for the

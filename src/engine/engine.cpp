@@ -104,6 +104,7 @@ Result<Engine> Engine::load(const std::string& path, const Options& options) {
   bopts.threads = options.threads;
   bopts.device = options.device;
   bopts.cuda_graphs = options.cuda_graphs;
+  bopts.cuda_bf16x2 = options.cuda_bf16x2;
   bopts.adapter = options.adapter;
   KEV_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, create_backend(options.backend, bopts));
 

@@ -256,6 +256,55 @@ TEST(CudaMatmul, Bf16WeightsMatchWidenedReference) {
   }
 }
 
+// Consecutive BF16 matmuls of one input share its BF16 copy (cuda_backend.cpp); an op that writes the
+// input in between must make the next matmul convert again. x doubled is exact in BF16 and in the
+// product, so the third result is exactly twice the first; the shared second matches a lone run.
+TEST(CudaMatmul, ConsecutiveProjectionsShareTheInputCopyUntilItChanges) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  using testing::make_f32;
+  const int64_t n = 37, k = 256, m = 96;
+  auto weights = [&](uint64_t seed) {
+    const std::vector<float> wf = testing::randn(static_cast<size_t>(m * k), 0.05f, seed);
+    std::vector<uint16_t> bits(wf.size());
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = f32_to_bf16(wf[i]);
+    testing::DeviceTensor w;
+    auto buf = gpu->alloc(bits.size() * 2, BufferUsage::Weights);
+    EXPECT_TRUE(buf.ok()) << buf.status().to_string();
+    if (!buf.ok()) return w;
+    w.buffer = buf.value();
+    w.t = Tensor::contiguous(w.buffer.get(), 0, DType::BF16, {m, k});
+    const Status st = gpu->upload(w.t, bits.data(), bits.size() * 2);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return w;
+  };
+  const testing::DeviceTensor w1 = weights(21), w2 = weights(22);
+  ASSERT_TRUE(w1.buffer && w2.buffer);
+  const std::vector<float> xv = testing::randn(static_cast<size_t>(n * k), 1.0f, 23);
+  testing::DeviceTensor x = make_f32(*gpu, {n, k}, xv);
+  testing::DeviceTensor o1 = make_f32(*gpu, {n, m}), o2 = make_f32(*gpu, {n, m}), o3 = make_f32(*gpu, {n, m});
+  auto ok = [](const Status& st) { EXPECT_TRUE(st.ok()) << st.to_string(); };
+  ok(gpu->synchronize());
+  ok(gpu->matmul(x.t, w1.t, Tensor{}, o1.t));
+  ok(gpu->matmul(x.t, w2.t, Tensor{}, o2.t));
+  ok(gpu->add(x.t, x.t, x.t));
+  ok(gpu->matmul(x.t, w1.t, Tensor{}, o3.t));
+  const std::vector<float> r1 = testing::read_f32(*gpu, o1.t), r2 = testing::read_f32(*gpu, o2.t),
+                           r3 = testing::read_f32(*gpu, o3.t);
+  // The second product alone, from a fresh copy of the original x.
+  testing::DeviceTensor x0 = make_f32(*gpu, {n, k}, xv), lone = make_f32(*gpu, {n, m});
+  ok(gpu->matmul(x0.t, w2.t, Tensor{}, lone.t));
+  const std::vector<float> r2_lone = testing::read_f32(*gpu, lone.t);
+  ASSERT_EQ(r1.size(), static_cast<size_t>(n * m));
+  ASSERT_EQ(r2_lone.size(), r2.size());
+  EXPECT_EQ(std::memcmp(r2.data(), r2_lone.data(), r2.size() * 4), 0) << "the shared copy changed the product";
+  size_t wrong = 0;
+  for (size_t i = 0; i < r1.size(); ++i) wrong += r3[i] != 2.0f * r1[i];
+  EXPECT_EQ(wrong, 0u) << "the matmul after the input changed used a stale BF16 copy";
+  double norm = 0;
+  for (float v : r1) norm += double(v) * v;
+  EXPECT_GT(norm, 0.0);
+}
+
 // ---- graph replay -----------------------------------------------------------------------------------
 
 // A small pass touching every recording path: a staged upload, a layout upload, cuBLASLt, and

@@ -141,14 +141,9 @@ TEST(CudaBf16, Synthetic08bMatchesCpuFp32On200Questions) {
     ~Cleanup() { std::filesystem::remove_all(d); }
   } cleanup{dir};
 
-  Options co, go;
-  go.backend = "cuda";
+  Options co;
   auto cpu = Engine::load(dir, co);
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-  auto gpu = Engine::load(dir, go);
-  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
-  EXPECT_EQ(gpu->info().dtype, "bf16");
-
   std::mt19937_64 rng(11);
   Questions qs;
   for (int i = 0; i < 200; ++i) qs.push_back(random_question(rng, i));
@@ -159,27 +154,41 @@ TEST(CudaBf16, Synthetic08bMatchesCpuFp32On200Questions) {
       "with 14 seats and annual billing since 2023; they may move to a competitor this week.";
   auto ac = cpu->system_one(state, qs);
   ASSERT_TRUE(ac.ok()) << ac.status().to_string();
-  auto ag = gpu->system_one(state, qs);
-  ASSERT_TRUE(ag.ok()) << ag.status().to_string();
 
-  double worst = 0;
-  for (size_t q = 0; q < qs.size(); ++q)
-    for (size_t j = 0; j < ac->answers[q].probabilities.size(); ++j)
-      worst = std::max(worst, std::fabs(ac->answers[q].probabilities[j] - ag->answers[q].probabilities[j]));
-  int flips = 0, ties = 0;
-  for (size_t q = 0; q < qs.size(); ++q) {
-    const auto& pc = ac->answers[q].probabilities;
-    const auto& pg = ag->answers[q].probabilities;
-    const size_t ic = std::max_element(pc.begin(), pc.end()) - pc.begin();
-    const size_t ig = std::max_element(pg.begin(), pg.end()) - pg.begin();
-    if (ic == ig) continue;
-    if (pc[ic] - pc[ig] < worst) ++ties;
-    else ++flips;
+  // The default (GEMM inputs as two BF16 halves) is held to the bound; the fast mode (inputs rounded
+  // to BF16) is measured and printed for docs/numerics.md.
+  for (const bool bf16x2 : {true, false}) {
+    Options go;
+    go.backend = "cuda";
+    go.cuda_bf16x2 = bf16x2;
+    auto gpu = Engine::load(dir, go);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+    EXPECT_EQ(gpu->info().dtype, "bf16");
+    auto ag = gpu->system_one(state, qs);
+    ASSERT_TRUE(ag.ok()) << ag.status().to_string();
+    double worst = 0;
+    for (size_t q = 0; q < qs.size(); ++q)
+      for (size_t j = 0; j < ac->answers[q].probabilities.size(); ++j)
+        worst = std::max(worst, std::fabs(ac->answers[q].probabilities[j] - ag->answers[q].probabilities[j]));
+    int flips = 0, ties = 0;
+    for (size_t q = 0; q < qs.size(); ++q) {
+      const auto& pc = ac->answers[q].probabilities;
+      const auto& pg = ag->answers[q].probabilities;
+      const size_t ic = std::max_element(pc.begin(), pc.end()) - pc.begin();
+      const size_t ig = std::max_element(pg.begin(), pg.end()) - pg.begin();
+      if (ic == ig) continue;
+      if (pc[ic] - pc[ig] < worst) ++ties;
+      else ++flips;
+    }
+    std::printf("cuda bf16 (%s) vs cpu fp32, synthetic 0.8b, 200 questions: max |Δp| = %.4g, argmax flips %d "
+                "(plus %d between options within max |Δp| of each other)\n",
+                bf16x2 ? "GEMM inputs as two bf16 halves, default" : "GEMM inputs rounded to bf16, --cuda-fast-bf16",
+                worst, flips, ties);
+    if (bf16x2) {
+      EXPECT_LE(worst, 0.03);
+      EXPECT_EQ(flips, 0);
+    }
   }
-  std::printf("cuda bf16 vs cpu fp32, synthetic 0.8b, 200 questions: max |Δp| = %.4g, argmax flips %d "
-              "(plus %d between options within max |Δp| of each other)\n", worst, flips, ties);
-  EXPECT_LE(worst, 0.03);
-  EXPECT_EQ(flips, 0);
 }
 
 }  // namespace

@@ -15,9 +15,17 @@
 //
 // Launch. A block owns the query rows of one KV head kvh and a tile of T = floor(64 / G) consecutive
 // packed tokens (G = H/Hkv query heads per KV head): row ρ is token q0 + ρ / G, head kvh·G + ρ % G, so
-// the G heads sharing a KV head read each K/V tile once. Grid (ceil(n_tokens / T), Hkv), 256
+// the G heads sharing a KV head read each K/V tile once. Grid (ceil(n_tokens / T), Hkv, S), 256
 // threads; tiles are visited last-first (blockIdx.x reversed) so a causal prefill's long rows start
-// first. A tile may span sequences: each row finds its sequence start in `offsets` (seq_start)
+// first. Key splits (flash-decoding): Kev's passes have few query tiles (250 tokens, Hkv = 2: 32
+// blocks on a 132-SM GPU), so when ceil(n_tokens / T)·Hkv is under two blocks per SM the block's key
+// tiles are split evenly over S = attention_split_count() blocks (blockIdx.z; the backend stores S
+// in the args when it records the op). Each then writes its rows'
+// unnormalised output and running (max, sum) to the workspace, and a combine kernel (one 64-thread
+// block per (token, head)) merges them: m = max_s m_s, out = Σ_s e^{m_s−m} O_s / Σ_s e^{m_s−m} l_s.
+// A split that saw no visible key for a row contributes m_s = −inf, l_s = 0, O_s = 0. S depends only
+// on n_tokens, H, Hkv, prefix_len and the device's SM count; the workspace holds S·n_tokens·H·(hd + 2)
+// floats when S > 1 (none at S = 1, where the block writes the normalised output itself). A tile may span sequences: each row finds its sequence start in `offsets` (seq_start)
 // and the block walks the own-key range [start of its first token's sequence, its last token],
 // masking key s for row (t, b_t) unless b_t <= s <= t. Prefix keys are visible to every valid row.
 // Per key tile of 32 keys: load K | scores (thread: 2 rows × 4 keys), masking, online-softmax update
@@ -25,7 +33,7 @@
 // K and V are staged through one buffer of 128 columns (hd = 256 in two halves). Shared memory at
 // hd = 256: Q 64×260 + K/V 32×132 + P 64×33 floats + row data = 90.75 KiB (58.75 at hd 128, 34.75 at
 // 64), so two blocks per SM on sm_80/sm_90 (128 registers per thread) and one on sm_86/sm_89. The
-// grid depends only on n_tokens, H and Hkv (never on the offsets' values); no workspace.
+// grid never depends on the offsets' values.
 // Preconditions (attention_supported): hd ∈ {64, 128, 256}, Hkv >= 1 divides H, G = H/Hkv <= 64,
 // Hkv <= 65535. Global loads and stores use float4 when every base pointer is 16-byte aligned and
 // every stride a multiple of 4, scalar accesses otherwise.
@@ -45,6 +53,8 @@ constexpr int kRows = 64;     // query rows per block
 constexpr int kKeys = 32;     // keys per tile
 constexpr int kThreads = 256;
 constexpr int kMaxGridY = 65535;
+constexpr int kMaxSplits = 16;
+constexpr int kCombineThreads = 64;
 
 template <int HD>
 struct AttnLayout {
@@ -92,7 +102,8 @@ __device__ __forceinline__ void load_rows(float* dst, int ld, int rows, bool vec
 }
 
 template <int HD>
-__global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttentionArgs a, int tokens_per_tile, bool vec) {
+__global__ void __launch_bounds__(kThreads, 2)
+    attention_kernel(AttentionArgs a, int tokens_per_tile, bool vec, float* part_o, float2* part_ml) {
   using Lay = AttnLayout<HD>;
   constexpr int LDQ = Lay::kLdQ, LDKV = Lay::kLdKV, LDP = Lay::kLdP, KW = Lay::kKW, NV = HD / 64, NVH = KW / 64;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -110,6 +121,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttentionArgs a,
   const int q0 = (gridDim.x - 1 - blockIdx.x) * tokens_per_tile;
   const int n_valid_tok = min(tokens_per_tile, a.n_tokens - q0);
   const int n_rows = n_valid_tok * G;
+  const int split = blockIdx.z, n_splits = gridDim.z;
 
   if (tid < kRows) {
     int lo = 1, hi = 0;
@@ -132,6 +144,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttentionArgs a,
   const int64_t Ls = a.prefix_len;
   const int64_t n_prefix_tiles = (Ls + kKeys - 1) / kKeys;
   const int64_t n_tiles = n_prefix_tiles + (own_hi - own_lo + kKeys) / kKeys;
+  const int64_t kt_begin = n_tiles * split / n_splits, kt_end = n_tiles * (split + 1) / n_splits;
 
   // Score-phase mapping: rows sr, sr + 1; keys skey + 8m. The 8 lanes of a row pair are adjacent.
   const int sr = 2 * (tid >> 3), skey = tid & 7;
@@ -140,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttentionArgs a,
   const int orow = 4 * (tid >> 4), ocol = 4 * (tid & 15);
   float o[4][NV][4] = {};
 
-  for (int64_t kt = 0; kt < n_tiles; ++kt) {
+  for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
     const bool prefix = kt < n_prefix_tiles;
     const int64_t s0 = prefix ? kt * kKeys : own_lo + (kt - n_prefix_tiles) * kKeys;  // first key
     const int64_t s_end = prefix ? Ls : static_cast<int64_t>(own_hi) + 1;
@@ -249,6 +262,32 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttentionArgs a,
     __syncthreads();  // V, P and alpha are rewritten by the next tile
   }
 
+  if (part_o != nullptr) {
+    // A partial result: unnormalised rows and their (max, sum), merged by the combine kernel.
+    const int64_t split_base = static_cast<int64_t>(split) * a.n_tokens * a.H;
+    if (skey == 0) {
+#pragma unroll
+      for (int ii = 0; ii < 2; ++ii) {
+        const int row = sr + ii;
+        if (row >= n_rows) continue;
+        const int64_t t = q0 + row / G, h = kvh * G + row % G;
+        part_ml[split_base + t * a.H + h] = make_float2(m_run[ii], l_run[ii]);
+      }
+    }
+#pragma unroll
+    for (int ii = 0; ii < 4; ++ii) {
+      const int row = orow + ii;
+      if (row >= n_rows) continue;
+      const int64_t t = q0 + row / G, h = kvh * G + row % G;
+      float* dst = part_o + (split_base + t * a.H + h) * HD;
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        *reinterpret_cast<float4*>(dst + ocol + 64 * v) =
+            make_float4(o[ii][v][0], o[ii][v][1], o[ii][v][2], o[ii][v][3]);
+      }
+    }
+    return;
+  }
   if (skey == 0) {
     l_s[sr] = l_run[0];
     l_s[sr + 1] = l_run[1];
@@ -274,10 +313,69 @@ __global__ void __launch_bounds__(kThreads, 2) attention_kernel(AttentionArgs a,
   }
 }
 
+// One block per (token, head): merges the splits' partial rows (see the header comment).
+__global__ void __launch_bounds__(kCombineThreads)
+    attention_combine_kernel(AttentionArgs a, const float* part_o, const float2* part_ml, int n_splits) {
+  const int64_t pair = blockIdx.x, t = pair / a.H, h = pair % a.H;
+  const int64_t split_stride = static_cast<int64_t>(a.n_tokens) * a.H;
+  float m = -INFINITY;
+  for (int sp = 0; sp < n_splits; ++sp) m = fmaxf(m, part_ml[sp * split_stride + pair].x);
+  // m is finite: the split holding a row's own token saw at least that key.
+  float w[kMaxSplits], l = 0.0f;
+#pragma unroll
+  for (int sp = 0; sp < kMaxSplits; ++sp) {
+    w[sp] = 0.0f;
+    if (sp < n_splits) {
+      const float2 ml = part_ml[sp * split_stride + pair];
+      w[sp] = ml.x == -INFINITY ? 0.0f : expf(ml.x - m);
+      l += w[sp] * ml.y;
+    }
+  }
+  const float inv = 1.0f / l;
+  float* dst = a.out + t * a.out_token_stride + h * a.out_head_stride;
+  for (int j = threadIdx.x; j < a.hd; j += kCombineThreads) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int sp = 0; sp < kMaxSplits; ++sp) {
+      if (sp < n_splits) acc = fmaf(w[sp], part_o[(sp * split_stride + pair) * a.hd + j], acc);
+    }
+    dst[j] = acc * inv;
+  }
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+int query_tiles(const AttentionArgs& a) {
+  const int tokens_per_tile = kRows / (a.H / a.Hkv);
+  return (a.n_tokens + tokens_per_tile - 1) / tokens_per_tile;
+}
+
+}  // namespace
+
+// Key splits per query tile: enough blocks for two per SM, but at least two key tiles per split
+// (each split reloads its Q tile) and at most kMaxSplits.
+int attention_split_count(const AttentionArgs& a) {
+  if (!attention_supported(a.H, a.Hkv, a.hd)) return 1;
+  if (a.n_tokens <= 0) return 1;
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  const int64_t base = static_cast<int64_t>(query_tiles(a)) * a.Hkv, target = 2 * static_cast<int64_t>(sms);
+  if (base >= target) return 1;
+  // The most key tiles any block can visit: all prefix tiles and, within the pass, up to n_tokens keys.
+  const int64_t max_tiles = (a.prefix_len + kKeys - 1) / kKeys + (a.n_tokens + kKeys - 1) / kKeys + 1;
+  const int64_t by_grid = (target + base - 1) / base, by_keys = max_tiles / 2;
+  const int64_t splits = by_grid < by_keys ? by_grid : by_keys;
+  return static_cast<int>(splits < 1 ? 1 : splits > kMaxSplits ? kMaxSplits : splits);
+}
+
+namespace {
+
 template <int HD>
-cudaError_t launch_hd(const AttentionArgs& a, cudaStream_t stream) {
+cudaError_t launch_hd(const AttentionArgs& a, void* workspace, cudaStream_t stream) {
   constexpr size_t bytes = AttnLayout<HD>::kBytes;
   // Opted in once per process; the first launch happens before any graph capture that replays it.
   static const cudaError_t attr =
@@ -288,8 +386,20 @@ cudaError_t launch_hd(const AttentionArgs& a, cudaStream_t stream) {
                    (a.prefix_len == 0 || (aligned16(a.prefix_k) && aligned16(a.prefix_v))) &&
                    a.q_token_stride % 4 == 0 && a.q_head_stride % 4 == 0 && a.kv_token_stride % 4 == 0 &&
                    a.kv_head_stride % 4 == 0 && a.out_token_stride % 4 == 0 && a.out_head_stride % 4 == 0;
-  const dim3 grid((a.n_tokens + tokens_per_tile - 1) / tokens_per_tile, a.Hkv);
-  attention_kernel<HD><<<grid, kThreads, bytes, stream>>>(a, tokens_per_tile, vec);
+  const int splits = a.splits;
+  const dim3 grid(query_tiles(a), a.Hkv, splits);
+  if (splits == 1) {
+    attention_kernel<HD><<<grid, kThreads, bytes, stream>>>(a, tokens_per_tile, vec, nullptr, nullptr);
+    return cudaGetLastError();
+  }
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  float* part_o = static_cast<float*>(workspace);
+  float2* part_ml = reinterpret_cast<float2*>(part_o + static_cast<int64_t>(splits) * a.n_tokens * a.H * HD);
+  attention_kernel<HD><<<grid, kThreads, bytes, stream>>>(a, tokens_per_tile, vec, part_o, part_ml);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const unsigned pairs = static_cast<unsigned>(static_cast<int64_t>(a.n_tokens) * a.H);
+  attention_combine_kernel<<<pairs, kCombineThreads, 0, stream>>>(a, part_o, part_ml, splits);
   return cudaGetLastError();
 }
 
@@ -300,21 +410,26 @@ bool attention_supported(int H, int Hkv, int hd) {
          (hd == 64 || hd == 128 || hd == 256);
 }
 
-size_t attention_workspace_bytes(const AttentionArgs&) { return 0; }
+size_t attention_workspace_bytes(const AttentionArgs& a) {
+  if (!attention_supported(a.H, a.Hkv, a.hd) || a.splits <= 1 || a.n_tokens <= 0) return 0;
+  return static_cast<size_t>(a.splits) * static_cast<size_t>(a.n_tokens) * static_cast<size_t>(a.H) *
+         static_cast<size_t>(a.hd + 2) * sizeof(float);
+}
 
-cudaError_t launch_attention(const AttentionArgs& a, void*, cudaStream_t stream) {
-  if (!attention_supported(a.H, a.Hkv, a.hd) || a.n_seqs < 1 || a.prefix_len < 0 ||
+cudaError_t launch_attention(const AttentionArgs& a, void* workspace, cudaStream_t stream) {
+  if (!attention_supported(a.H, a.Hkv, a.hd) || a.n_seqs < 1 || a.prefix_len < 0 || a.splits < 1 ||
+      a.splits > kMaxSplits ||
       (a.prefix_len > 0 && (a.prefix_k == nullptr || a.prefix_v == nullptr))) {
     return cudaErrorInvalidValue;
   }
   if (a.n_tokens == 0) return cudaSuccess;
   switch (a.hd) {
     case 64:
-      return launch_hd<64>(a, stream);
+      return launch_hd<64>(a, workspace, stream);
     case 128:
-      return launch_hd<128>(a, stream);
+      return launch_hd<128>(a, workspace, stream);
     default:
-      return launch_hd<256>(a, stream);
+      return launch_hd<256>(a, workspace, stream);
   }
 }
 

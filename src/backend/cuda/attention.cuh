@@ -26,9 +26,14 @@ struct AttentionArgs {
   const int32_t* offsets = nullptr;  // device [n_seqs + 1]
   int n_seqs = 0, n_tokens = 0, H = 0, Hkv = 0, hd = 0;
   float scale = 1.0f;
+  int splits = 1;  // key splits per query tile: attention_split_count(), chosen when the op is recorded
 };
 
-// Scratch bytes (may be 0); depends only on shapes, n_tokens, n_seqs and prefix_len.
+// The key splits for these shapes on the current device (1..16; see attention.cu). Depends only on
+// n_tokens, H, Hkv, prefix_len and the device's SM count.
+int attention_split_count(const AttentionArgs& a);
+
+// Scratch bytes (may be 0) for a.splits; depends only on shapes, n_tokens and a.splits.
 size_t attention_workspace_bytes(const AttentionArgs& a);
 
 // Enqueues the kernel(s) on `stream`; launch configuration depends only on shapes, n_tokens, n_seqs and
@@ -39,7 +44,8 @@ cudaError_t launch_attention(const AttentionArgs& a, void* workspace, cudaStream
 // divides H, H / Hkv <= 64, Hkv <= 65535. The launch additionally needs n_seqs >= 1 and both prefix
 // pointers when prefix_len > 0 (cudaErrorInvalidValue otherwise); n_tokens == 0 launches nothing.
 // The kernel applies `scale` itself (q unscaled). Any strides and alignment are accepted (float4
-// accesses when aligned). The workspace is always 0 bytes.
+// accesses when aligned). The workspace (attention_workspace_bytes, 16-byte aligned) holds the key
+// splits' partial rows; it is 0 bytes when the pass fills the GPU without splitting.
 bool attention_supported(int H, int Hkv, int hd);
 
 }  // namespace kev::cuda

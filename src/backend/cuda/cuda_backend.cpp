@@ -203,7 +203,7 @@ class CudaBackend final : public Backend {
     recorder_ = std::make_unique<cuda::PassRecorder>(device_, pool_, options_.cuda_graphs);
     KEV_TRY(recorder_->init());
     KEV_ASSIGN_OR_RETURN(gemm_workspace_, pool_->acquire(kGemmWorkspace));
-    KEV_TRY(gemm_.init(gemm_workspace_, kGemmWorkspace));
+    KEV_TRY(gemm_.init(device_, gemm_workspace_, kGemmWorkspace));
     total_memory_ = prop.totalGlobalMem;
     device_text_ = cat(prop.name, " (sm_", prop.major, prop.minor, ", ",
                        std::round(static_cast<double>(prop.totalGlobalMem) / double(1ull << 30) * 10) / 10,
@@ -497,6 +497,12 @@ class CudaBackend final : public Backend {
     return Status::success();
   }
 
+  // A command's label in the per-op trace (pass_recorder.h); only built when tracing.
+  template <class F>
+  std::string trace_label(F&& make) const {
+    return recorder_->tracing_ops() ? make() : std::string();
+  }
+
   // `t` itself when `as_is`, else a contiguous scratch copy made before (input) or after (output) the
   // op's kernel.
   Result<float*> restaged(const Tensor& t, bool as_is, bool output, Restage& r, CommandSig& sig) {
@@ -520,6 +526,14 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::PassRecorder> recorder_;
   cuda::GemmRunner gemm_;
   void* gemm_workspace_ = nullptr;
+  // The BF16 copy made (or shared) by the last BF16 matmul recorded, and when (see matmul()).
+  struct Bf16Input {
+    const float* x = nullptr;
+    int64_t n = 0, k = 0, ldx = 0;
+    uint16_t* xs = nullptr;
+    uint64_t pass = 0, recorded = 0;
+  };
+  Bf16Input last_bf16_;
 };
 
 Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
@@ -544,30 +558,65 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
     });
     return Status::success();
   }
-  uint16_t* xs = nullptr;
-  if (w_bf16) {
-    KEV_ASSIGN_OR_RETURN(char* scratch, recorder_->scratch(static_cast<size_t>(n * k) * sizeof(uint16_t)));
-    xs = reinterpret_cast<uint16_t*>(scratch);
-    sig.ptr(xs);
-  }
+  // BF16 weights: x as hi + lo BF16 halves stacked into one GEMM of 2n rows (W read once), so x keeps
+  // ~16 of its 24 significand bits and only the weights' own rounding remains; or, with
+  // cuda_bf16x2 off, x rounded to BF16 (one GEMM of n rows; docs/numerics.md has both errors).
+  const bool split = w_bf16 && options_.cuda_bf16x2;
+  const int64_t rows = split ? 2 * n : n;
   cuda::GemmShape shape;
-  shape.n = n;
+  shape.n = rows;
   shape.k = k;
   shape.m = m;
   shape.ldx = w_bf16 ? k : ldx;
-  shape.ldo = ldo;
+  shape.ldo = split ? m : ldo;
   shape.w_bf16 = w_bf16;
-  shape.align_x = w_bf16 ? cuda::column_alignment(xs, k * 2) : cuda::column_alignment(xp, ldx * 4);
+  // The BF16 copy and the split GEMM's output go to scratch, which is 256-byte aligned (a null
+  // pointer stands for that).
+  shape.align_x = w_bf16 ? cuda::column_alignment(nullptr, k * 2) : cuda::column_alignment(xp, ldx * 4);
   shape.align_w = cuda::column_alignment(wp, k * static_cast<int64_t>(dtype_size(w.dtype)));
-  shape.align_out = cuda::column_alignment(op, ldo * 4);
-  KEV_TRY(gemm_.prepare(shape));
+  shape.align_out = split ? cuda::column_alignment(nullptr, m * 4) : cuda::column_alignment(op, ldo * 4);
+  // A new shape's algorithms are timed now, on the stream (idle while a pass is being recorded).
+  KEV_TRY(gemm_.prepare(shape, wp, recorder_->stream()));
+  // Consecutive projections of one input (q/k/v, the four GDN projections, gate/up) share its BF16
+  // copy: when the command recorded just before this one, in this pass, was a matmul that converted
+  // (or shared) this same view of x, nothing can have written x since (a matmul writes only its out,
+  // which never overlaps its x), so its copy is still current.
+  uint16_t* xs = nullptr;
+  bool convert = false;
+  if (w_bf16) {
+    const Bf16Input& last = last_bf16_;
+    if (last.xs != nullptr && last.x == xp && last.n == n && last.k == k && last.ldx == ldx &&
+        last.pass == recorder_->pass_serial() && last.recorded == recorder_->recorded()) {
+      xs = last.xs;
+    } else {
+      KEV_ASSIGN_OR_RETURN(char* scratch, recorder_->scratch(static_cast<size_t>(rows * k) * sizeof(uint16_t)));
+      xs = reinterpret_cast<uint16_t*>(scratch);
+      convert = true;
+    }
+    sig.ptr(xs);
+    sig.word(convert);
+  }
+  float* halves = nullptr;
+  if (split) {
+    KEV_ASSIGN_OR_RETURN(char* scratch, recorder_->scratch(static_cast<size_t>(rows * m) * sizeof(float)));
+    halves = reinterpret_cast<float*>(scratch);
+    sig.ptr(halves);
+  }
   const cuda::GemmRunner* gemm = &gemm_;
   recorder_->record(kOp, sig, [=](cudaStream_t s) -> Status {
-    if (xs) KEV_TRY(launched(cuda::launch_f32_to_bf16_rows(xp, ldx, xs, n, k, s), "matmul input to bf16"));
+    if (convert) KEV_TRY(launched(cuda::launch_f32_to_bf16_rows(xp, ldx, xs, n, k, split, s), "matmul input to bf16"));
+    if (split) {
+      KEV_TRY(gemm->enqueue(shape, xs, wp, halves, s));
+      return launched(cuda::launch_split_sum_rows(halves, n, m, bp, op, ldo, s), "matmul split sum");
+    }
     KEV_TRY(gemm->enqueue(shape, xs ? static_cast<const void*>(xs) : xp, wp, op, s));
     if (bp) KEV_TRY(launched(cuda::launch_bias_rows(op, ldo, bp, false, n, m, s), "matmul bias"));
     return Status::success();
-  });
+  }, trace_label([&] {
+    return cat("matmul n=", n, " k=", k, " m=", m,
+               w_bf16 ? (split ? " bf16x2" : " bf16") : " f32", convert || !w_bf16 ? "" : " shared x");
+  }));
+  if (w_bf16) last_bf16_ = Bf16Input{xp, n, k, ldx, xs, recorder_->pass_serial(), recorder_->recorded()};
   return Status::success();
 }
 
@@ -686,7 +735,9 @@ Status CudaBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const Ten
     if (state_copy) KEV_CUDA_TRY(cudaMemcpyAsync(state_copy, sin, state_bytes, cudaMemcpyDeviceToDevice, s));
     KEV_TRY(launched(cuda::launch_gated_delta_rule(a, ws, s), kOp));
     return Restage::run(restage.after, s);
-  });
+  }, trace_label([&] {
+    return cat(kOp, " n=", n, " seqs=", layout.n_seqs(), " Hv=", Hv, restage.before.empty() ? "" : " restaged");
+  }));
   return Status::success();
 }
 
@@ -771,13 +822,17 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   a.Hkv = static_cast<int>(Hkv);
   a.hd = static_cast<int>(hd);
   a.scale = scale;
+  a.splits = cuda::attention_split_count(a);
   KEV_ASSIGN_OR_RETURN(char* ws, recorder_->scratch(cuda::attention_workspace_bytes(a)));
-  sig.word(scale, layout.n_seqs(), use_prefix);
+  sig.word(scale, layout.n_seqs(), use_prefix, a.splits);
   sig.ptr(offsets, ws);
   recorder_->record(kOp, sig, [=](cudaStream_t s) -> Status {
     KEV_TRY(Restage::run(restage.before, s));
     return launched(cuda::launch_attention(a, ws, s), kOp);
-  });
+  }, trace_label([&] {
+    return cat(kOp, " n=", a.n_tokens, " seqs=", a.n_seqs, " prefix=", a.prefix_len,
+               restage.before.empty() ? "" : " restaged");
+  }));
   return Status::success();
 }
 

@@ -3,14 +3,19 @@
 //   sigmoid_mul: out = x · σ(y)      swiglu: out = SiLU(x) · y      add: out = x + y
 //   gdn_gates:   beta = σ(b);  g = −exp(A_log) · softplus(a + dt_bias)      b, a, beta, g [n,Hv]
 //   copy:        out = x, F32/BF16 on either side (BF16: round to nearest even, NaN kept quiet)
-//   f32_to_bf16_rows: matmul's x rounded to BF16 into contiguous scratch [n,k]
+//   f32_to_bf16_rows: matmul's x rounded to BF16 into contiguous scratch [n,k], or split x = hi + lo
+//                     into [2n,k] (hi rows, then lo rows); split_sum_rows adds the GEMM's two halves
 //   bias_rows:   out[i,:] += bias, or out[i,:] = bias (or 0) for a matmul with k = 0
 //
 // σ, SiLU and softplus are the overflow-free forms (device_math.cuh). FP32 throughout.
 // Launch: one 256-thread block per innermost row (grid.x = rows), threads striding over d; binary maps
 // use float4 when d, every row stride and every base pointer allow 16-byte access. gdn_gates: one
-// thread per (token, head), 256 per block. An output may be the identical view of an input: each
+// thread per (token, head), 256 per block. f32_to_bf16_rows: grid (n, min(ceil(k / (4·256)), 65535)),
+// a thread converting 4 consecutive values (float4 in, 8 bytes out) per step when x's rows are 16-byte
+// aligned and k % 4 == 0, else one value per step (grid.y from ceil(k / 256)). An output may be the identical view of an input: each
 // element is read by the thread that writes it, before it writes it.
+#include <algorithm>
+
 #include "backend/cuda/device_math.cuh"
 
 namespace kev::cuda {
@@ -98,9 +103,45 @@ __global__ void copy_kernel(const void* x, Rows xr, void* out, Rows outr, int64_
   }
 }
 
-__global__ void f32_to_bf16_rows_kernel(const float* x, int64_t ldx, uint16_t* dst, int64_t k) {
+// With kSplit, x = hi + lo with both BF16: hi = round(x) into rows [0, n), lo = round(x − hi) into rows
+// [n, 2n) of dst (`lo` points at row n); one GEMM over the 2n rows then reads W once for both halves.
+template <bool kVec4, bool kSplit>
+__global__ void f32_to_bf16_rows_kernel(const float* x, int64_t ldx, uint16_t* dst, uint16_t* lo, int64_t k) {
+  const int64_t row = blockIdx.x, step = static_cast<int64_t>(gridDim.y) * blockDim.x * (kVec4 ? 4 : 1);
+  for (int64_t j = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * (kVec4 ? 4 : 1); j < k;
+       j += step) {
+    if constexpr (kVec4) {
+      const float4 v = *reinterpret_cast<const float4*>(x + row * ldx + j);
+      const uint16_t h0 = f32_to_bf16_bits(v.x), h1 = f32_to_bf16_bits(v.y), h2 = f32_to_bf16_bits(v.z),
+                     h3 = f32_to_bf16_bits(v.w);
+      *reinterpret_cast<uint2*>(dst + row * k + j) =
+          make_uint2(h0 | (static_cast<uint32_t>(h1) << 16), h2 | (static_cast<uint32_t>(h3) << 16));
+      if constexpr (kSplit) {
+        const uint16_t l0 = f32_to_bf16_bits(v.x - bf16_bits_to_f32(h0)), l1 = f32_to_bf16_bits(v.y - bf16_bits_to_f32(h1)),
+                       l2 = f32_to_bf16_bits(v.z - bf16_bits_to_f32(h2)), l3 = f32_to_bf16_bits(v.w - bf16_bits_to_f32(h3));
+        *reinterpret_cast<uint2*>(lo + row * k + j) =
+            make_uint2(l0 | (static_cast<uint32_t>(l1) << 16), l2 | (static_cast<uint32_t>(l3) << 16));
+      }
+    } else {
+      const float v = x[row * ldx + j];
+      const uint16_t h = f32_to_bf16_bits(v);
+      dst[row * k + j] = h;
+      if constexpr (kSplit) lo[row * k + j] = f32_to_bf16_bits(v - bf16_bits_to_f32(h));
+    }
+  }
+}
+
+// out[i, :] = s[i, :] + s[n + i, :] (+ bias): the two halves of a split-input GEMM, s [2n, m] contiguous.
+__global__ void split_sum_rows_kernel(const float* s, int64_t n, int64_t m, const float* bias, float* out, int64_t ldo) {
   const int64_t row = blockIdx.x;
-  for (int64_t j = threadIdx.x; j < k; j += blockDim.x) dst[row * k + j] = f32_to_bf16_bits(x[row * ldx + j]);
+  const float* hi = s + row * m;
+  const float* lo = s + (n + row) * m;
+  float* o = out + row * ldo;
+  for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < m;
+       j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+    const float v = hi[j] + lo[j];
+    o[j] = bias ? v + bias[j] : v;
+  }
 }
 
 template <bool kOverwrite>
@@ -164,10 +205,32 @@ cudaError_t launch_copy(const void* x, bool x_bf16, const Rows& xr, void* out, b
   return cudaGetLastError();
 }
 
-cudaError_t launch_f32_to_bf16_rows(const float* x, int64_t ldx, uint16_t* dst, int64_t n, int64_t k,
+cudaError_t launch_f32_to_bf16_rows(const float* x, int64_t ldx, uint16_t* dst, int64_t n, int64_t k, bool split,
                                     cudaStream_t stream) {
   if (n == 0 || k == 0) return cudaSuccess;
-  f32_to_bf16_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, ldx, dst, k);
+  // dst rows start at multiples of k·2 bytes from a 256-aligned base: 8-byte stores need k % 4 == 0.
+  const bool vec4 = k % 4 == 0 && (n == 1 || ldx % 4 == 0) && aligned16(x) &&
+                    (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
+  const int64_t per_block = kThreads * (vec4 ? 4 : 1);
+  const int64_t col_blocks = std::min<int64_t>((k + per_block - 1) / per_block, 65535);
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(col_blocks));
+  uint16_t* lo = dst + n * k;
+  if (vec4) {
+    if (split) f32_to_bf16_rows_kernel<true, true><<<grid, kThreads, 0, stream>>>(x, ldx, dst, lo, k);
+    else f32_to_bf16_rows_kernel<true, false><<<grid, kThreads, 0, stream>>>(x, ldx, dst, lo, k);
+  } else {
+    if (split) f32_to_bf16_rows_kernel<false, true><<<grid, kThreads, 0, stream>>>(x, ldx, dst, lo, k);
+    else f32_to_bf16_rows_kernel<false, false><<<grid, kThreads, 0, stream>>>(x, ldx, dst, lo, k);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_split_sum_rows(const float* s, int64_t n, int64_t m, const float* bias, float* out, int64_t ldo,
+                                  cudaStream_t stream) {
+  if (n == 0 || m == 0) return cudaSuccess;
+  const int64_t col_blocks = std::min<int64_t>((m + kThreads - 1) / kThreads, 65535);
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(col_blocks));
+  split_sum_rows_kernel<<<grid, kThreads, 0, stream>>>(s, n, m, bias, out, ldo);
   return cudaGetLastError();
 }
 

@@ -28,20 +28,29 @@
 // sequence) gets the final state and may be the identical view of state_in (every block reads its
 // slice before writing it, and slices are disjoint).
 //
-// Launch. Column j of S evolves using only column j of S and v (q, k, g, β are shared), so the dv
-// columns are split into slices of 32: grid (ceil(dv/32), Hv, n_seqs), 256 threads, one block walking
-// its sequence's chunks in order with its [dk, 32] state slice in registers (and a shared-memory copy
-// for the chunk products). The 4B model (Hv = 32, dv = 128) gives 128 blocks for one sequence, the
-// 0.8B (Hv = 16) 64. Each block reads its q/k/v/g/β rows once and writes its out columns once; the
-// slice-independent C×C products (M, P) are recomputed per slice. Per chunk: load (Q, K, V slice,
-// g, β; Γ by a warp scan in double) | M, P and [Q;K]·S₀ into registers | store them over the dead Q
-// and S₀ copy | forward substitution (warp w owns 4 columns, 8 lanes per column, right-looking with Δ
-// in registers) | O = γQS₀ + PΔ to out, state update. Shared memory: 92.5 KiB at dk = 128 (68.75 at
-// 64, 60.75 at 32), within the 99 KiB per-block limit of sm_86/sm_89. No workspace. The grid depends
-// only on dv, Hv and n_seqs, never on the offsets' values (CUDA graph replay).
-// Work per chunk and block (dk = 128): ~0.65 M FMA for M and P, 0.5 M for [Q;K]·S₀, 0.26 M for the
-// state update, 0.13 M for PΔ and the substitution; the S₀ products are the inherently sequential
-// part (3·dk·dv FMA per token and head).
+// Launch. Two kernels. (1) gdn_chunk_products_kernel: the state-independent C×C products
+// P_ij = (q_i·k_j) D_ij (j <= i) and M_ij = β_i (k_i·k_j) D_ij (j < i) of every chunk, once per chunk
+// and value head (not once per state slice, and off the sequential path): grid (max_chunks, Hv, 2)
+// (z: P or M), 256 threads, 8 warps over the 10 lower 16×16 blocks; chunks are numbered sequence
+// by sequence and a block past the pass's last chunk returns. They go to the workspace,
+// [max_chunks, Hv, 2, C, C] floats with max_chunks = (n_tokens + (C − 1)·n_seqs) / C >= Σ ceil(len_r / C)
+// (blocks above the diagonal written as zero). Shared memory: Q, K and Γ, 66.5 KiB at dk = 128.
+// (2) gdn_chunked_kernel, the recurrence. Column j of S evolves using only column j of S and v (q, k,
+// g, β are shared), so the dv columns are split into slices of 32: grid (ceil(dv/32), Hv, n_seqs),
+// 256 threads, one block walking its sequence's chunks in order with its [dk, 32] state slice in
+// registers (and a shared-memory copy for the chunk products). The 4B model (Hv = 32, dv = 128) gives
+// 128 blocks for one sequence, the 0.8B (Hv = 16) 64. Each block reads its q/k/v/g/β rows once and
+// writes its out columns once. Per chunk: load (Q, K, V slice, g, β; Γ by a warp scan in double) |
+// P and M from the workspace into registers, [Q;K]·S₀ | store P and M over the dead Q and S₀ copy |
+// forward substitution (warp w owns 4 columns, 8 lanes per column, right-looking with Δ in
+// registers) | O = γQS₀ + PΔ to out, state update. Shared memory: 92.5 KiB at dk = 128 (68.75 at 64,
+// 60.75 at 32), within the 99 KiB per-block limit of sm_86/sm_89. Both grids depend only on dv, Hv,
+// n_tokens and n_seqs, never on the offsets' values (CUDA graph replay).
+// Work per chunk (dk = 128): ~0.65 M FMA for M and P (kernel 1), and per block of kernel 2 0.5 M for
+// [Q;K]·S₀, 0.26 M for the state update, 0.13 M for PΔ and the substitution; the S₀ products are the
+// inherently sequential part (3·dk·dv FMA per token and head). A short chunk (cn < 64: a Kev row of
+// ~40 tokens is one) skips the 16-row blocks of M and P, the [Q;K]·S₀ row groups and the
+// substitution steps that lie wholly in the zero padding, whose results are exactly zero.
 // Dtypes: FP32 in, out and state; FP32 accumulation; double only for Γ. No TF32.
 // Preconditions (gated_delta_rule_supported): dk ∈ {32, 64, 128}, dv >= 1, Hk >= 1 divides Hv,
 // Hv <= 65535; at launch also 1 <= n_seqs <= 65535 and state_out only with n_seqs == 1. Global
@@ -51,6 +60,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -106,8 +116,157 @@ __device__ __forceinline__ float comp(const float4& v, int c) {
   return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
 }
 
+// g and β of chunk rows lane and lane + 32 of value head h (zero past the sequence end): gate[0..1] = g,
+// gate[2..3] = β. Called by one warp.
+__device__ __forceinline__ void fetch_gates(const GdnArgs& a, int h, int tf, int end, int lane, float gate[4]) {
+  const int cf = min(kChunk, end - tf);
+  const int64_t gs = a.gate_token_stride;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = lane + 32 * u;
+    gate[u] = i < cf ? a.g[(tf + i) * gs + h] : 0.0f;
+    gate[2 + u] = i < cf ? a.beta[(tf + i) * gs + h] : 0.0f;
+  }
+}
+
+// Γ (inclusive scan of g, in double) and β of a chunk into shared memory; γ = e^Γ when gam is given.
+// Called by one warp with fetch_gates' values.
+__device__ __forceinline__ void scan_gates(const float gate[4], int lane, double* Gam, float* gam, float* bet) {
+  double x0 = gate[0], x1 = gate[1];  // inclusive scans of both halves, in double
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double y0 = __shfl_up_sync(0xffffffffu, x0, o);
+    const double y1 = __shfl_up_sync(0xffffffffu, x1, o);
+    if (lane >= o) {
+      x0 += y0;
+      x1 += y1;
+    }
+  }
+  x1 += __shfl_sync(0xffffffffu, x0, 31);
+  Gam[lane] = x0;
+  Gam[lane + 32] = x1;
+  if (gam != nullptr) {
+    gam[lane] = static_cast<float>(exp(x0));
+    gam[lane + 32] = static_cast<float>(exp(x1));
+  }
+  bet[lane] = gate[2];
+  bet[lane + 32] = gate[3];
+}
+
+// Global index of sequence r's first chunk (chunks are numbered sequence by sequence).
+__device__ __forceinline__ int first_chunk(const int32_t* offsets, int r) {
+  int c = 0;
+  for (int i = 0; i < r; ++i) c += (offsets[i + 1] - offsets[i] + kChunk - 1) / kChunk;
+  return c;
+}
+
+// Upper bound of the chunks of a pass: Σ ceil(len_r / C) <= (n_tokens + (C − 1)·n_seqs) / C.
+int64_t max_chunks(const GdnArgs& a) {
+  return (static_cast<int64_t>(a.n_tokens) + static_cast<int64_t>(kChunk - 1) * a.n_seqs) / kChunk;
+}
+
 template <int DK>
-__global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, bool vec) {
+struct GdnProductLayout {
+  static constexpr int kLdQK = GdnLayout<DK>::kLdQK;
+  static constexpr int kK = 0;
+  static constexpr int kQ = kK + kChunk * kLdQK;
+  static constexpr int kBeta = kQ + kChunk * kLdQK;
+  static constexpr int kFloats = kBeta + kChunk;
+  static constexpr size_t kBytes = kChunk * sizeof(double) + kFloats * sizeof(float);
+  static_assert(kQ % 4 == 0, "float4 alignment");
+  static_assert(kBytes <= 99 * 1024, "shared memory exceeds the smallest supported per-block limit");
+};
+
+// The state-independent chunk products (see the header comment): block (c, h, z) computes P (z = 0)
+// or M (z = 1) of chunk c and value head h into products[c][h][z] (C×C, row-major; blocks above the
+// diagonal written as zero). Blocks past the pass's last chunk return at once.
+template <int DK>
+__global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a, float* products) {
+  using Lay = GdnProductLayout<DK>;
+  constexpr int LQK = Lay::kLdQK;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  double* Gam = reinterpret_cast<double*>(smem_raw);
+  float* base = reinterpret_cast<float*>(Gam + kChunk);
+  float* Ks = base + Lay::kK;
+  float* Qs = base + Lay::kQ;
+  float* bet = base + Lay::kBeta;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int c = blockIdx.x, h = blockIdx.y;
+  const bool isP = blockIdx.z == 0;
+  int t0 = -1, end = 0;
+  for (int r = 0, first = 0; r < a.n_seqs; ++r) {
+    const int b = a.offsets[r], e = a.offsets[r + 1], n = (e - b + kChunk - 1) / kChunk;
+    if (c < first + n) {
+      t0 = b + (c - first) * kChunk;
+      end = e;
+      break;
+    }
+    first += n;
+  }
+  if (t0 < 0) return;
+  const int cn = min(kChunk, end - t0), kh = h / (a.Hv / a.Hk);
+  for (int idx = tid; idx < kChunk * DK; idx += kThreads) {
+    const int i = idx / DK, d = idx % DK;
+    float kv = 0.0f, qv = 0.0f;
+    if (i < cn) {
+      const int64_t off = static_cast<int64_t>(t0 + i) * a.qk_token_stride + static_cast<int64_t>(kh) * DK + d;
+      kv = a.k[off];
+      if (isP) qv = a.q[off];
+    }
+    Ks[i * LQK + d] = kv;
+    Qs[i * LQK + d] = qv;
+  }
+  if (warp == 0) {
+    float gate[4];
+    fetch_gates(a, h, t0, end, lane, gate);
+    scan_gates(gate, lane, Gam, nullptr, bet);
+  }
+  __syncthreads();
+
+  float* dst = products + (static_cast<int64_t>(c) * a.Hv + h) * 2 * kChunk * kChunk + (isP ? 0 : kChunk * kChunk);
+  const float* A = isP ? Qs : Ks;
+  // The 10 lower 16×16 blocks over 8 warps; lane: rows i0, i0 + 1, columns j0 + 4m.
+  for (int b = warp; b < 10; b += 8) {
+    const int bi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3;
+    const int bj = b - bi * (bi + 1) / 2;
+    const int i0 = bi * 16 + (lane >> 2) * 2, j0 = bj * 16 + (lane & 3);
+    float acc[2][4] = {};
+    // Rows past cn are zero padding (and bj <= bi): a block starting there is all zero.
+    const bool live = bi * 16 < cn;
+#pragma unroll 4
+    for (int d = 0; d < (live ? DK : 0); d += 4) {
+      const float4 a0 = ld4(A + i0 * LQK + d), a1 = ld4(A + (i0 + 1) * LQK + d);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const float4 kv = ld4(Ks + (j0 + 4 * m) * LQK + d);
+        acc[0][m] = fma4(a0, kv, acc[0][m]);
+        acc[1][m] = fma4(a1, kv, acc[1][m]);
+      }
+    }
+#pragma unroll
+    for (int ii = 0; ii < 2; ++ii) {
+      const int i = i0 + ii;
+      const double gi = Gam[i];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int j = j0 + 4 * m;
+        float val = 0.0f;
+        if (isP ? j <= i : j < i) {
+          val = acc[ii][m] * expf(static_cast<float>(gi - Gam[j]));
+          if (!isP) val *= bet[i];
+        }
+        dst[i * kChunk + j] = val;
+      }
+    }
+  }
+  for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
+    const int i = idx / kChunk, j = idx % kChunk;
+    if (j / 16 > i / 16) dst[idx] = 0.0f;
+  }
+}
+
+template <int DK>
+__global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, bool vec, const float* products) {
   using Lay = GdnLayout<DK>;
   constexpr int LQK = Lay::kLdQK, LCC = Lay::kLdCC, LV = Lay::kLdV, RPT = Lay::kRowsPerThread;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -130,6 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, boo
   const int kh = h / (a.Hv / a.Hk);
   const int dv = a.dv;
   const int begin = a.offsets[r], end = a.offsets[r + 1];
+  const int chunk0 = first_chunk(a.offsets, r);
 
   // State ownership in the update: rows [srow, srow + RPT) of dk, columns scol..scol+3 of the slice.
   const int scol = 4 * (tid & 7), srow = (tid >> 3) * RPT;
@@ -173,21 +333,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, boo
       }
     }
   };
-  // Warp 0 fetches g and β the same way (both paths): g of rows lane, lane + 32, then β.
+  // Warp 0 fetches g and β the same way, a chunk ahead (both paths).
   float gate[4];
-  auto fetch_gates = [&](int tf) {
-    const int cf = min(kChunk, end - tf);
-    const int64_t gs = a.gate_token_stride;
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int i = lane + 32 * u;
-      gate[u] = i < cf ? a.g[(tf + i) * gs + h] : 0.0f;
-      gate[2 + u] = i < cf ? a.beta[(tf + i) * gs + h] : 0.0f;
-    }
-  };
   if (begin < end) {
     if (vec) fetch(begin);
-    if (warp == 0) fetch_gates(begin);
+    if (warp == 0) fetch_gates(a, h, begin, end, lane, gate);
   }
 
   for (int t0 = begin; t0 < end; t0 += kChunk) {
@@ -228,76 +378,25 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, boo
         Rs[i * LV + c] = vv;
       }
     }
-    if (warp == 0) {
-      const float b0 = gate[2], b1 = gate[3];
-      double x0 = gate[0], x1 = gate[1];  // inclusive scans of both halves, in double
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const double y0 = __shfl_up_sync(0xffffffffu, x0, o);
-        const double y1 = __shfl_up_sync(0xffffffffu, x1, o);
-        if (lane >= o) {
-          x0 += y0;
-          x1 += y1;
-        }
-      }
-      x1 += __shfl_sync(0xffffffffu, x0, 31);
-      Gam[lane] = x0;
-      Gam[lane + 32] = x1;
-      gam[lane] = static_cast<float>(exp(x0));
-      gam[lane + 32] = static_cast<float>(exp(x1));
-      bet[lane] = b0;
-      bet[lane + 32] = b1;
-    }
+    if (warp == 0) scan_gates(gate, lane, Gam, gam, bet);
     __syncthreads();
 
-    // ---- M, P (lower 16×16 blocks: 10 per matrix, 20 over 8 warps) and [Q;K]·S₀, into registers ----
-    // Blocks above the diagonal are never read (the substitution reads M_ij for j < i, the output
-    // P_ij for j <= i + 1 within the diagonal block), so they are not stored.
-    float pm[3][2][4];
+    // ---- fetch this chunk's P and M (gdn_chunk_products_kernel) into registers; [Q;K]·S₀ ----
+    // They are stored over Q and the S₀ copy once those are dead; the loads overlap [Q;K]·S₀.
+    constexpr int kMP4 = 2 * kChunk * kChunk / 4 / kThreads;
+    float4 mp[kMP4];
+    {
+      const float* src =
+          products + (static_cast<int64_t>(chunk0 + (t0 - begin) / kChunk) * a.Hv + h) * 2 * kChunk * kChunk;
 #pragma unroll
-    for (int u = 0; u < 3; ++u) {
-      const int blk = warp + 8 * u;
-      if (blk >= 20) break;
-      const bool isP = blk < 10;
-      const int b = isP ? blk : blk - 10;
-      const int bi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3;
-      const int bj = b - bi * (bi + 1) / 2;
-      const float* A = isP ? Qs : Ks;
-      const int i0 = bi * 16 + (lane >> 2) * 2;  // rows i0, i0 + 1
-      const int j0 = bj * 16 + (lane & 3);       // columns j0 + 4m
-      float acc[2][4] = {};
-#pragma unroll 4
-      for (int d = 0; d < DK; d += 4) {
-        const float4 a0 = ld4(A + i0 * LQK + d), a1 = ld4(A + (i0 + 1) * LQK + d);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const float4 kv = ld4(Ks + (j0 + 4 * m) * LQK + d);
-          acc[0][m] = fma4(a0, kv, acc[0][m]);
-          acc[1][m] = fma4(a1, kv, acc[1][m]);
-        }
-      }
-#pragma unroll
-      for (int ii = 0; ii < 2; ++ii) {
-        const int i = i0 + ii;
-        const double gi = Gam[i];
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const int j = j0 + 4 * m;
-          float val = 0.0f;
-          if (isP ? j <= i : j < i) {
-            val = acc[ii][m] * expf(static_cast<float>(gi - Gam[j]));
-            if (!isP) val *= bet[i];
-          }
-          pm[u][ii][m] = val;
-        }
-      }
+      for (int u = 0; u < kMP4; ++u) mp[u] = ld4(src + 4 * (tid + u * kThreads));
     }
     // Rows 4·rg.. of the stacked [Q; K] (rg < 16: Q, else K) times S₀'s columns xcol..xcol+3.
     const int xcol = 4 * (tid & 7), xrg = tid >> 3;
     const bool xq = xrg < 16;
     const int xi0 = 4 * (xrg & 15);
     float x[4][4] = {};
-    if (!state_zero) {
+    if (!state_zero && xi0 < cn) {  // padded rows (>= cn) are zero
       const float* A = (xq ? Qs : Ks) + xi0 * LQK;
 #pragma unroll 2
       for (int d = 0; d < DK; d += 4) {
@@ -330,20 +429,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, boo
     if (tid < kChunk) wlast[tid] = expf(static_cast<float>(Gam[kChunk - 1] - Gam[tid]));
     __syncthreads();  // Q and the S₀ copy are dead: store P, O and M over them
 #pragma unroll
-    for (int u = 0; u < 3; ++u) {
-      const int blk = warp + 8 * u;
-      if (blk >= 20) break;
-      const bool isP = blk < 10;
-      const int b = isP ? blk : blk - 10;
-      const int bi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3;
-      const int bj = b - bi * (bi + 1) / 2;
-      const int i0 = bi * 16 + (lane >> 2) * 2, j0 = bj * 16 + (lane & 3);
-      float* dst = isP ? Ps : Ms;
-#pragma unroll
-      for (int ii = 0; ii < 2; ++ii) {
-#pragma unroll
-        for (int m = 0; m < 4; ++m) dst[(i0 + ii) * LCC + j0 + 4 * m] = pm[u][ii][m];
-      }
+    for (int u = 0; u < kMP4; ++u) {
+      const int e = 4 * (tid + u * kThreads), mat = e / (kChunk * kChunk), i = (e / kChunk) % kChunk, j = e % kChunk;
+      float* dst = (mat == 0 ? Ps : Ms) + i * LCC + j;
+      dst[0] = mp[u].x, dst[1] = mp[u].y, dst[2] = mp[u].z, dst[3] = mp[u].w;
     }
     if (xq) {  // O = diag(γ) Q S₀
 #pragma unroll
@@ -357,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, boo
 
     if (t0 + kChunk < end) {
       if (vec) fetch(t0 + kChunk);
-      if (warp == 0) fetch_gates(t0 + kChunk);
+      if (warp == 0) fetch_gates(a, h, t0 + kChunk, end, lane, gate);
     }
 
     // ---- forward substitution L Δ = R: warp w owns columns 4w..4w+3, 8 lanes per column ----
@@ -371,6 +460,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, boo
       for (int m = 0; m < kChunk / 8; ++m) acc[m] = dl[m] = 0.0f;
 #pragma unroll
       for (int j = 0; j < kChunk; ++j) {
+        if (j >= cn) break;  // padded rows: R = 0 and M = 0, so Δ stays 0 there
         float dj = 0.0f;
         if (part == (j & 7)) dj = dl[j >> 3] = Rs[j * LV + col] - acc[j >> 3];
         dj = __shfl_sync(0xffffffffu, dj, owner0 + (j & 7));
@@ -471,13 +561,23 @@ bool vectorizable(const GdnArgs& a) {
 // Opts the kernel into its dynamic shared memory once per process (before any graph capture that
 // launches it, since the first launch happens eagerly); the result is remembered.
 template <int DK>
-cudaError_t launch_dk(const GdnArgs& a, cudaStream_t stream) {
-  constexpr size_t bytes = GdnLayout<DK>::kBytes;
+cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
+  constexpr size_t bytes = GdnLayout<DK>::kBytes, product_bytes = GdnProductLayout<DK>::kBytes;
   static const cudaError_t attr =
       cudaFuncSetAttribute(gdn_chunked_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (attr != cudaSuccess) return attr;
+  static const cudaError_t product_attr = cudaFuncSetAttribute(
+      gdn_chunk_products_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(product_bytes));
+  if (product_attr != cudaSuccess) return product_attr;
+  const int64_t chunks = max_chunks(a);
+  if (chunks > 0) {
+    gdn_chunk_products_kernel<DK><<<dim3(static_cast<unsigned>(chunks), a.Hv, 2), kThreads, product_bytes, stream>>>(
+        a, products);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
   const dim3 grid((a.dv + kSlice - 1) / kSlice, a.Hv, a.n_seqs);
-  gdn_chunked_kernel<DK><<<grid, kThreads, bytes, stream>>>(a, vectorizable(a));
+  gdn_chunked_kernel<DK><<<grid, kThreads, bytes, stream>>>(a, vectorizable(a), products);
   return cudaGetLastError();
 }
 
@@ -487,20 +587,25 @@ bool gated_delta_rule_supported(int Hk, int Hv, int dk, int dv) {
   return Hk >= 1 && Hv >= Hk && Hv % Hk == 0 && Hv <= kMaxGridYZ && (dk == 32 || dk == 64 || dk == 128) && dv >= 1;
 }
 
-size_t gated_delta_rule_workspace_bytes(const GdnArgs&) { return 0; }
+size_t gated_delta_rule_workspace_bytes(const GdnArgs& a) {
+  if (a.n_seqs < 1 || a.n_tokens < 0 || a.Hv < 1) return 0;
+  return static_cast<size_t>(max_chunks(a)) * static_cast<size_t>(a.Hv) * 2 * kChunk * kChunk * sizeof(float);
+}
 
-cudaError_t launch_gated_delta_rule(const GdnArgs& a, void*, cudaStream_t stream) {
+cudaError_t launch_gated_delta_rule(const GdnArgs& a, void* workspace, cudaStream_t stream) {
   if (!gated_delta_rule_supported(a.Hk, a.Hv, a.dk, a.dv) || a.n_seqs < 1 || a.n_seqs > kMaxGridYZ ||
-      (a.state_out != nullptr && a.n_seqs != 1)) {
+      (a.state_out != nullptr && a.n_seqs != 1) || (max_chunks(a) > 0 && workspace == nullptr) ||
+      max_chunks(a) > INT_MAX) {
     return cudaErrorInvalidValue;
   }
+  float* products = static_cast<float*>(workspace);
   switch (a.dk) {
     case 32:
-      return launch_dk<32>(a, stream);
+      return launch_dk<32>(a, products, stream);
     case 64:
-      return launch_dk<64>(a, stream);
+      return launch_dk<64>(a, products, stream);
     default:
-      return launch_dk<128>(a, stream);
+      return launch_dk<128>(a, products, stream);
   }
 }
 

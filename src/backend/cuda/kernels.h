@@ -55,13 +55,19 @@ cudaError_t launch_copy(const void* x, bool x_bf16, const Rows& xr, void* out, b
 // bias is null; matmul with k = 0).
 cudaError_t launch_bias_rows(float* out, int64_t ld, const float* bias, bool overwrite, int64_t n, int64_t m,
                              cudaStream_t stream);
+// trace_gate.cu. Holds `stream` until the (mapped host) word reaches `value`; tracing only.
+cudaError_t launch_wait_gate(const uint32_t* word, uint32_t value, cudaStream_t stream);
 // Launch-free check that this binary holds code for the current device (cudaErrorNoKernelImageForDevice
 // otherwise).
 cudaError_t probe_kernel_image();
 
-// matmul input conversion (elementwise.cu): dst[n, k] BF16 contiguous = round(x[n, k]) (row stride ldx).
-cudaError_t launch_f32_to_bf16_rows(const float* x, int64_t ldx, uint16_t* dst, int64_t n, int64_t k,
+// matmul input conversion (elementwise.cu): dst[n, k] BF16 contiguous = round(x[n, k]) (row stride ldx);
+// with `split`, dst[2n, k] holds hi = round(x) in rows [0, n) and lo = round(x − hi) in rows [n, 2n).
+cudaError_t launch_f32_to_bf16_rows(const float* x, int64_t ldx, uint16_t* dst, int64_t n, int64_t k, bool split,
                                     cudaStream_t stream);
+// out[i, :] (row stride ldo) = s[i, :] + s[n + i, :] (+ bias) for a split-input GEMM's s [2n, m].
+cudaError_t launch_split_sum_rows(const float* s, int64_t n, int64_t m, const float* bias, float* out, int64_t ldo,
+                                  cudaStream_t stream);
 
 // causal_conv1d.cu. prefix (= state_in or null), state_out optional (single sequence).
 struct ConvArgs {

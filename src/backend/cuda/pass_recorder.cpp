@@ -1,9 +1,15 @@
 // PassRecorder and ChunkArena (see pass_recorder.h).
 #include "backend/cuda/pass_recorder.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
 #include "common/hash.h"
 
 namespace kev::cuda {
@@ -15,6 +21,20 @@ constexpr size_t kStagingChunk = size_t{4} << 20;
 constexpr size_t kScratchChunk = size_t{32} << 20;
 constexpr size_t kMaxGraphs = 32;
 constexpr size_t kMaxSeen = 64;
+// Commands enqueued behind one trace gate: with up to 4 kernels or copies and an event each this stays
+// well inside the launch queue, so the host never blocks on a stream the gate still holds.
+constexpr size_t kTraceGate = 64;
+
+// A pass signature's hash, a word at a time (a pass has ~20 K words: byte-wise FNV took ~0.2 ms per
+// flush). Only a cache key: a match is confirmed by comparing the words.
+uint64_t hash_words(const std::vector<uint64_t>& words) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint64_t w : words) {
+    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 32;
+  }
+  return h;
+}
 
 }  // namespace
 
@@ -61,17 +81,34 @@ PassRecorder::PassRecorder(int device, std::shared_ptr<DevicePool> pool, bool gr
 
 PassRecorder::~PassRecorder() {
   cudaSetDevice(device_);
+  if (gate_host_) *gate_host_ = UINT32_MAX;  // never leave a gate closed
   if (stream_) cudaStreamSynchronize(stream_);
   for (GraphEntry& e : graphs_cache_) cudaGraphExecDestroy(e.exec);
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  if (gate_host_) cudaFreeHost(const_cast<uint32_t*>(gate_host_));
   if (stream_) cudaStreamDestroy(stream_);
 }
 
 Status PassRecorder::init() {
   KEV_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  const char* env = std::getenv("KEV_CUDA_TRACE");
+  if (env != nullptr && *env != '\0' && std::strcmp(env, "0") != 0) {
+    trace_ = std::strcmp(env, "ops") == 0 ? Trace::Ops : Trace::Flushes;
+  }
+  if (trace_ == Trace::Ops) {
+    void* word = nullptr;
+    KEV_CUDA_TRY(cudaHostAlloc(&word, sizeof(uint32_t), cudaHostAllocMapped));
+    gate_host_ = static_cast<volatile uint32_t*>(word);
+    *gate_host_ = 0;
+    void* dev = nullptr;
+    KEV_CUDA_TRY(cudaHostGetDevicePointer(&dev, word, 0));
+    gate_dev_ = static_cast<uint32_t*>(dev);
+  }
   return Status::success();
 }
 
-void PassRecorder::record(const char* op, const CommandSig& sig, Enqueue enqueue) {
+void PassRecorder::record(const char* op, const CommandSig& sig, Enqueue enqueue, std::string label) {
+  if (trace_ != Trace::Off && commands_.empty()) first_record_ = std::chrono::steady_clock::now();
   const uint64_t head[] = {fnv1a64(op, std::strlen(op)), sig.shape.size(), sig.ptrs.size()};
   for (uint64_t w : head) {
     full_.push_back(w);
@@ -80,7 +117,8 @@ void PassRecorder::record(const char* op, const CommandSig& sig, Enqueue enqueue
   full_.insert(full_.end(), sig.shape.begin(), sig.shape.end());
   shape_.insert(shape_.end(), sig.shape.begin(), sig.shape.end());
   full_.insert(full_.end(), sig.ptrs.begin(), sig.ptrs.end());
-  commands_.push_back(Command{op, std::move(enqueue)});
+  commands_.push_back(Command{op, std::move(enqueue), std::move(label)});
+  ++recorded_;
 }
 
 Status PassRecorder::record_upload(void* dst, const void* src, size_t bytes) {
@@ -123,6 +161,7 @@ std::string PassRecorder::pass_ops() const {
 }
 
 void PassRecorder::clear_pass() {
+  ++pass_serial_;
   commands_.clear();
   full_.clear();
   shape_.clear();
@@ -158,12 +197,13 @@ Status PassRecorder::capture(cudaGraph_t* graph) {
 }
 
 Status PassRecorder::run_graph() {
-  const uint64_t hash = fnv1a64(full_.data(), full_.size() * sizeof(uint64_t));
+  const uint64_t hash = hash_words(full_);
   for (auto it = graphs_cache_.begin(); it != graphs_cache_.end(); ++it) {
     if (it->hash != hash || it->full != full_) continue;
     graphs_cache_.splice(graphs_cache_.begin(), graphs_cache_, it);
     KEV_CUDA_TRY(cudaGraphLaunch(graphs_cache_.front().exec, stream_));
     ++graph_launches_;
+    how_ = "graph replay";
     return Status::success();
   }
   // The first sighting of a signature runs directly: a pass that never recurs does not pay for a
@@ -179,6 +219,7 @@ Status PassRecorder::run_graph() {
   if (!seen) {
     seen_.push_front(hash);
     if (seen_.size() > kMaxSeen) seen_.pop_back();
+    how_ = "direct (first sighting)";
     return run_direct();
   }
   cudaGraph_t graph = nullptr;
@@ -186,6 +227,7 @@ Status PassRecorder::run_graph() {
     // Recording a graph enqueued nothing, so the pass can still run directly; a real launch error
     // shows up there again, named by its op.
     ++capture_failures_;
+    how_ = "direct (capture failed)";
     return run_direct();
   }
   // Same topology and parameters but other addresses: update that exec in place instead of
@@ -200,6 +242,7 @@ Status PassRecorder::run_graph() {
       cudaGraphDestroy(graph);
       KEV_CUDA_TRY(cudaGraphLaunch(graphs_cache_.front().exec, stream_));
       ++graph_launches_;
+      how_ = "graph capture + exec update";
       return Status::success();
     }
     cudaGetLastError();  // a refused update is not an error of the pass
@@ -211,6 +254,7 @@ Status PassRecorder::run_graph() {
   if (inst != cudaSuccess) {
     cudaGetLastError();
     ++capture_failures_;
+    how_ = "direct (instantiation failed)";
     return run_direct();
   }
   graphs_cache_.push_front(GraphEntry{hash, full_, shape_, exec});
@@ -220,14 +264,97 @@ Status PassRecorder::run_graph() {
   }
   KEV_CUDA_TRY(cudaGraphLaunch(exec, stream_));
   ++graph_launches_;
+  how_ = "graph capture + instantiation";
+  return Status::success();
+}
+
+void PassRecorder::release_gate() {
+  __atomic_store_n(const_cast<uint32_t*>(gate_host_), gate_value_, __ATOMIC_RELEASE);
+}
+
+Status PassRecorder::run_traced() {
+  const size_t n = commands_.size();
+  while (events_.size() < n + 1) {
+    cudaEvent_t e = nullptr;
+    KEV_CUDA_TRY(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (i % kTraceGate == 0) {
+      if (i > 0) release_gate();
+      const cudaError_t gate = launch_wait_gate(gate_dev_, ++gate_value_, stream_);
+      if (gate != cudaSuccess) {
+        release_gate();
+        KEV_CUDA_TRY(gate);
+      }
+    }
+    const cudaError_t err = cudaEventRecord(events_[i], stream_);
+    const Status st =
+        err == cudaSuccess ? commands_[i].enqueue(stream_) : cuda_status(err, "trace event", __FILE__, __LINE__);
+    if (!st.ok()) {
+      release_gate();
+      return Status(st.code(), cat(commands_[i].op, ": ", st.message()));
+    }
+  }
+  const cudaError_t last = cudaEventRecord(events_[n], stream_);
+  release_gate();
+  KEV_CUDA_TRY(last);
+  KEV_CUDA_TRY(cudaStreamSynchronize(stream_));
+  struct Sum {
+    double ms = 0;
+    int calls = 0;
+  };
+  std::map<std::string, Sum> by_label;
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    float ms = 0;
+    KEV_CUDA_TRY(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
+    Sum& sum = by_label[commands_[i].label.empty() ? std::string(commands_[i].op) : commands_[i].label];
+    sum.ms += ms;
+    ++sum.calls;
+    total += ms;
+  }
+  std::vector<std::pair<std::string, Sum>> rows(by_label.begin(), by_label.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  std::fprintf(stderr, "kev-cuda-trace pass %llu ops: %zu commands, GPU %.3f ms back to back\n",
+               static_cast<unsigned long long>(passes_), n, total);
+  for (const auto& [label, sum] : rows) {
+    std::fprintf(stderr, "  %-44s %4d x %8.1f us = %8.1f us  %5.1f%%\n", label.c_str(), sum.calls,
+                 1e3 * sum.ms / sum.calls, 1e3 * sum.ms, 100 * sum.ms / total);
+  }
+  how_ = "direct, traced per op";
   return Status::success();
 }
 
 Status PassRecorder::flush() {
   if (commands_.empty()) return Status::success();
   KEV_CUDA_TRY(cudaSetDevice(device_));
-  const Status run = graphs_ && commands_.size() > 1 ? run_graph() : run_direct();
+  ++passes_;
+  how_ = "direct";
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  // The per-op trace gates only passes it has seen before: a first sighting may load kernel modules
+  // lazily, which can wait for the device while the gate holds it.
+  bool traced = false;
+  if (trace_ == Trace::Ops && commands_.size() > 1) {
+    const uint64_t shape_hash = hash_words(shape_);
+    traced = std::find(traced_shapes_.begin(), traced_shapes_.end(), shape_hash) != traced_shapes_.end();
+    if (!traced) traced_shapes_.push_back(shape_hash);
+  }
+  const Status run = traced                                 ? run_traced()
+                     : graphs_ && commands_.size() > 1    ? run_graph()
+                                                          : run_direct();
+  const auto t1 = Clock::now();
   const cudaError_t sync = cudaStreamSynchronize(stream_);
+  if (trace_ != Trace::Off && commands_.size() > 1) {
+    const auto t2 = Clock::now();
+    std::fprintf(stderr,
+                 "kev-cuda-trace pass %llu: %zu commands, %s, recorded in %.3f ms, enqueue %.3f ms, wall %.3f ms\n",
+                 static_cast<unsigned long long>(passes_), commands_.size(), how_,
+                 std::chrono::duration<double, std::milli>(t0 - first_record_).count(),
+                 std::chrono::duration<double, std::milli>(t1 - t0).count(),
+                 std::chrono::duration<double, std::milli>(t2 - t0).count());
+  }
   const std::string ops = pass_ops();
   const size_t n = commands_.size();
   clear_pass();

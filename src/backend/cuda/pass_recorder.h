@@ -21,10 +21,21 @@
 // the same addresses), and the recorded cudaMemcpyAsync reads them when the pass runs. Device scratch
 // (SeqLayout offsets, the BF16 copy of a matmul input, kernel workspaces) comes from pool chunks the
 // same way. Chunks are only ever added, never moved, so a recorded address stays valid.
+//
+// Tracing (environment variable KEV_CUDA_TRACE, read once per recorder; output on stderr):
+//   =1    one line per flush: commands, how it ran (graph replay / update / capture, or direct and
+//         why), the host time from its first record() to the flush (the GPU idles meanwhile), host
+//         enqueue time and wall time to the end of the wait.
+//   =ops  also per-op GPU times: a pass seen before runs directly with an event before every command
+//         (a first sighting runs untimed, as a warm-up) and none of the graph cache is used; the
+//         stream is held by a device-side gate until up to kTraceGate commands are enqueued, so host
+//         launch gaps do not land in the ops' times. Ops are grouped by their trace label (op name, or
+//         the op's shape where record() was given one).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -108,8 +119,14 @@ class PassRecorder {
 
   cudaStream_t stream() const { return stream_; }
   bool empty() const { return commands_.empty(); }
+  // Commands recorded over the recorder's life, and passes cleared: a caller can tell that nothing
+  // was recorded, and no flush happened, since a point it noted.
+  uint64_t recorded() const { return recorded_; }
+  uint64_t pass_serial() const { return pass_serial_; }
 
-  void record(const char* op, const CommandSig& sig, Enqueue enqueue);
+  // `label` (optional) groups the command in the per-op trace; pass one only when tracing_ops().
+  void record(const char* op, const CommandSig& sig, Enqueue enqueue, std::string label = {});
+  bool tracing_ops() const { return trace_ == Trace::Ops; }
   // Copies `bytes` from host `src` into staging now and records the copy to device `dst`.
   Status record_upload(void* dst, const void* src, size_t bytes);
   // Device scratch valid for this pass only (256-byte aligned; null for 0 bytes).
@@ -130,7 +147,9 @@ class PassRecorder {
   struct Command {
     const char* op;
     Enqueue enqueue;
+    std::string label;
   };
+  enum class Trace { Off, Flushes, Ops };
   struct GraphEntry {
     uint64_t hash;
     std::vector<uint64_t> full, shape;
@@ -138,6 +157,8 @@ class PassRecorder {
   };
   Status run_direct();
   Status run_graph();
+  Status run_traced();
+  void release_gate();
   Status capture(cudaGraph_t* graph);
   std::string pass_ops() const;
   void clear_pass();
@@ -155,6 +176,17 @@ class PassRecorder {
   std::list<GraphEntry> graphs_cache_;  // most recently used first
   std::list<uint64_t> seen_;            // hashes of signatures run once without a graph, newest first
   uint64_t graph_launches_ = 0, graph_captures_ = 0, capture_failures_ = 0;
+  uint64_t recorded_ = 0, pass_serial_ = 0;
+  // Tracing (see above).
+  Trace trace_ = Trace::Off;
+  const char* how_ = "";  // how the last pass ran
+  std::chrono::steady_clock::time_point first_record_;  // when the pass's first command was recorded
+  uint64_t passes_ = 0;
+  std::vector<cudaEvent_t> events_;
+  std::vector<uint64_t> traced_shapes_;  // pass shapes seen by the per-op trace
+  volatile uint32_t* gate_host_ = nullptr;  // mapped pinned word the gate kernel polls
+  uint32_t* gate_dev_ = nullptr;
+  uint32_t gate_value_ = 0;
 };
 
 }  // namespace kev::cuda

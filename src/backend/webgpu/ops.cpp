@@ -17,6 +17,15 @@ constexpr uint64_t kGroup = 256;  // invocations per workgroup of the element-wi
 constexpr uint32_t kChunk = 64;   // GDN chunk length (gated_delta_net*.wgsl)
 constexpr uint32_t kSlice = 16;   // GDN state columns per workgroup (gated_delta_net.wgsl)
 constexpr int64_t kQueryTile = 8; // queries per attention workgroup (attention.wgsl)
+constexpr uint64_t kMatmulTile = 128;      // output tile edge of matmul.wgsl's `matmul`
+constexpr uint64_t kMatmulSmallTile = 64;  // ... and of its `matmul_small`
+// `matmul` (128×128 tiles) from about one tile per multiprocessor of a large GPU (an H200 has 132);
+// below, `matmul_small`'s four times as many 64×64 tiles spread over more multiprocessors. The
+// prefill's n_embd-wide outputs at ~2,200 tokens have 18 × 8 = 144 tiles of 128, just above.
+// Estimated from occupancy, not measured: tune on the GPU.
+constexpr uint64_t kMatmulMinLargeTiles = 128;
+constexpr int64_t kMatmulMaxRows = 8;        // rows of `matmul_rows` (one x row per 16 invocations)
+constexpr uint64_t kMatmulRowsColumns = 16;  // output columns per `matmul_rows` workgroup
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 uint32_t u32(int64_t v) { return static_cast<uint32_t>(v); }
@@ -33,6 +42,8 @@ const KernelSpec kCopyToF32{"copy", "copy_to_f32", 2};
 const KernelSpec kCopyToBf16{"copy", "copy_to_bf16", 2};
 const KernelSpec kGdnGates{"gdn_gates", "gdn_gates", 6};
 const KernelSpec kMatmul{"matmul", "matmul", 4};
+const KernelSpec kMatmulSmall{"matmul", "matmul_small", 4};
+const KernelSpec kMatmulRows{"matmul", "matmul_rows", 4};
 const KernelSpec kConv{"causal_conv1d", "conv", 6};
 const KernelSpec kConvState{"causal_conv1d", "conv_state", 6};
 const KernelSpec kRope{"rope", "rope", 3};
@@ -444,10 +455,18 @@ Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bia
   p.has_bias = bias.empty() ? 0 : 1;
   for (const Part& part : parts) {
     p.m = u32(part.cols);
-    p.tiles_m = u32(ceil_div(part.cols, 64));
     p.w_off = part.bw.off;
     p.col0 = u32(part.col0);
-    KEV_TRY(dispatch(kOp, kMatmul, &p, sizeof p, {bx.b, part.bw.b, bb.b, bo.b}, ceil_div(n, 64) * p.tiles_m));
+    if (n <= kMatmulMaxRows) {
+      p.tiles_m = u32(ceil_div(part.cols, kMatmulRowsColumns));
+      KEV_TRY(dispatch(kOp, kMatmulRows, &p, sizeof p, {bx.b, part.bw.b, bb.b, bo.b}, p.tiles_m));
+      continue;
+    }
+    const bool large = ceil_div(n, kMatmulTile) * ceil_div(part.cols, kMatmulTile) >= kMatmulMinLargeTiles;
+    const uint64_t tile = large ? kMatmulTile : kMatmulSmallTile;
+    p.tiles_m = u32(ceil_div(part.cols, tile));
+    KEV_TRY(dispatch(kOp, large ? kMatmul : kMatmulSmall, &p, sizeof p, {bx.b, part.bw.b, bb.b, bo.b},
+                     ceil_div(n, tile) * p.tiles_m));
   }
   return Status::success();
 }

@@ -25,6 +25,7 @@
 #include "backend/backend.h"
 #include "common/check.h"
 #include "io/json_util.h"
+#include "backend_options.h"
 #include "kev/kev.h"
 #include "model/model_file.h"
 #include "model/weights.h"
@@ -221,16 +222,11 @@ int main(int argc, char** argv) {
   int warmups = 2, runs = 5;
   bool profile = false, gemm_peak = false, ceilings = false, json_out = false;
   app.add_option("--model", model_dir, "exported model directory")->required();
-  app.add_option("--backend", options.backend, "cpu, cuda or webgpu")->default_val("cpu");
+  kev::tools::add_backend_options(app, options);
   app.add_option("--workload", workload_name, "demo, short (~256-token state, 6 questions), long (~2,200, 5), many (~1,024, 64)");
   app.add_option("--request", request_file, "a /v1/systemone request body instead of a workload");
   app.add_option("--warmups", warmups, "untimed runs first")->default_val(2);
   app.add_option("--runs", runs, "timed runs")->default_val(5);
-  app.add_option("--threads", options.threads, "CPU threads (0 = all cores)");
-  app.add_option("--device", options.device, "CUDA device ordinal");
-  app.add_flag("!--no-cuda-graphs", options.cuda_graphs, "CUDA: launch every kernel instead of replaying graphs");
-  app.add_flag("!--cuda-fast-bf16", options.cuda_bf16x2, "CUDA: round GEMM inputs to BF16 instead of splitting them into two BF16 halves");
-  app.add_option("--adapter", options.adapter, "WebGPU adapter: name substring or type (discrete, integrated, cpu)");
   app.add_flag("--profile", profile, "add one profiled run: time per op");
   app.add_flag("--gemm-peak", gemm_peak, "measure OpenBLAS sgemm throughput in the same run (CPU baseline)");
   app.add_flag("--ceilings", ceilings, "measure the backend's matmul and copy ceilings; report each pass against them");

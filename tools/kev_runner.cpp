@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "backend_options.h"
 #include "kev/kev.h"
 #include "io/json_util.h"
 #include "model/checkpoint_import.h"
@@ -86,12 +87,7 @@ int main(int argc, char** argv) {
   app.add_option("--state-file", state_file, "file holding the state text");
   app.add_option("--questions", questions_file, "JSON file: the \"questions\" object of a /v1/systemone request");
   app.add_option("--request", request_file, "JSON file: a whole /v1/systemone request body");
-  app.add_option("--backend", options.backend, "cpu, cuda or webgpu")->default_val("cpu");
-  app.add_option("--threads", options.threads, "CPU threads (0 = all cores)");
-  app.add_option("--device", options.device, "CUDA device ordinal");
-  app.add_flag("!--no-cuda-graphs", options.cuda_graphs, "CUDA: launch every kernel instead of replaying graphs");
-  app.add_flag("!--cuda-fast-bf16", options.cuda_bf16x2, "CUDA: round GEMM inputs to BF16 instead of splitting them into two BF16 halves");
-  app.add_option("--adapter", options.adapter, "WebGPU adapter: name substring or type (discrete, integrated, cpu)");
+  kev::tools::add_backend_options(app, options);
   app.add_option("--max-prefix", max_prefix, "state token limit (default: the model's)");
   app.add_option("--max-context", max_context, "state + row token limit (default: the model's)");
   app.add_flag("--truncate-states", options.truncate_states, "cut long states to max-prefix instead of refusing");

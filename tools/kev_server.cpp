@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "backend_options.h"
 #include "kev/kev.h"
 #include "model/checkpoint_import.h"
 #include "model/model_file.h"
@@ -48,12 +49,7 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--base", options.base_dir, "HF base model directory, for an upstream LoRA checkpoint");
   app.add_option("--lora-scale", options.lora_scale, "LoRA scale s for an upstream checkpoint")->default_val(1.0);
-  app.add_option("--backend", options.backend, "cpu, cuda or webgpu")->default_val("cpu");
-  app.add_option("--threads", options.threads, "CPU threads of the model (0 = all cores)");
-  app.add_option("--device", options.device, "CUDA device ordinal");
-  app.add_flag("!--no-cuda-graphs", options.cuda_graphs, "CUDA: launch every kernel instead of replaying graphs");
-  app.add_flag("!--cuda-fast-bf16", options.cuda_bf16x2, "CUDA: round GEMM inputs to BF16 instead of splitting them into two BF16 halves");
-  app.add_option("--adapter", options.adapter, "WebGPU adapter: name substring or type (discrete, integrated, cpu)");
+  kev::tools::add_backend_options(app, options);
   app.add_option("--max-prefix", max_prefix, "state token limit (default: the model's)");
   app.add_option("--max-context", max_context, "state + row token limit (default: the model's)");
   app.add_flag("--truncate-states", options.truncate_states, "cut long states to max-prefix instead of refusing");

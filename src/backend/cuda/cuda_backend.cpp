@@ -203,7 +203,7 @@ class CudaBackend final : public Backend {
     recorder_ = std::make_unique<cuda::PassRecorder>(device_, pool_, options_.cuda_graphs);
     KEV_TRY(recorder_->init());
     KEV_ASSIGN_OR_RETURN(gemm_workspace_, pool_->acquire(kGemmWorkspace));
-    KEV_TRY(gemm_.init(device_, gemm_workspace_, kGemmWorkspace));
+    KEV_TRY(gemm_.init(gemm_workspace_, kGemmWorkspace));
     total_memory_ = prop.totalGlobalMem;
     device_text_ = cat(prop.name, " (sm_", prop.major, prop.minor, ", ",
                        std::round(static_cast<double>(prop.totalGlobalMem) / double(1ull << 30) * 10) / 10,
@@ -575,8 +575,7 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   shape.align_x = w_bf16 ? cuda::column_alignment(nullptr, k * 2) : cuda::column_alignment(xp, ldx * 4);
   shape.align_w = cuda::column_alignment(wp, k * static_cast<int64_t>(dtype_size(w.dtype)));
   shape.align_out = split ? cuda::column_alignment(nullptr, m * 4) : cuda::column_alignment(op, ldo * 4);
-  // A new shape's algorithms are timed now, on the stream (idle while a pass is being recorded).
-  KEV_TRY(gemm_.prepare(shape, wp, recorder_->stream()));
+  KEV_TRY(gemm_.prepare(shape));
   // Consecutive projections of one input (q/k/v, the four GDN projections, gate/up) share its BF16
   // copy: when the command recorded just before this one, in this pass, was a matmul that converted
   // (or shared) this same view of x, nothing can have written x since (a matmul writes only its out,

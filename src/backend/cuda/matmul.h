@@ -4,24 +4,15 @@
 // cuBLASLt is column-major, so the row-major product is computed as its transpose: D (m×n, ld = out's
 // row stride) = op_T(A) · B with A = W seen as k×m (ld = k) and B = x seen as k×n (ld = x's row stride).
 //   F32 W: A, B, D F32, CUBLAS_COMPUTE_32F (no TF32: the FP32 engine's golden parity needs ~1e-6).
-//   BF16 W: x is first rounded to BF16 into contiguous scratch (ld = k); A, B BF16, D F32,
-//   CUBLAS_COMPUTE_32F with F32 scale, so only x's rounding separates it from an FP32 product with the
-//   BF16 weights widened.
+//   BF16 W: x arrives as BF16 in contiguous scratch (ld = k): rounded, or split into two BF16 halves
+//   stacked as 2n rows (cuda_backend.cpp's matmul); A, B BF16, D F32, CUBLAS_COMPUTE_32F with F32 scale.
 // A bias is added by a separate row kernel after the GEMM (one extra pass over out, only for the few
 // projections that have a bias), which avoids depending on cuBLASLt's per-type bias-epilogue rules.
 // k = 0 writes the bias (or zeros) only. Descriptors and the algorithm are cached per shape key (sizes,
 // leading dimensions, dtype, pointer alignments); enqueue() makes no allocation and no
 // synchronisation, so it can be captured into a CUDA graph.
-// Algorithm choice: cuBLASLt's first heuristic answer. With KEV_CUDA_GEMM_TUNE=1 in the environment
-// (an experiment: on the H200 it made the 0.8B short workload slower, 5.39/5.34 ms prefill/evaluation
-// against 5.26/4.92 without, so it is off by default) prepare() asks for up to kTuneCandidates and,
-// when given a stream and the weights, times each on scratch operands (the real W, x filled
-// with a small constant, out in its own cudaMalloc'd scratch, freed after), three runs each after an
-// L2 flush (in a pass W comes from device memory), and keeps the fastest.
-// That costs a few ms once per shape and process: the choice is kept process-wide per (device,
-// shape), so every backend of a process computes the same bits for the same shape (two processes may
-// choose differently). It needs an idle stream (the backend records between flushes, so its stream
-// is). A failed scratch allocation keeps the heuristic's answer.
+// Algorithm choice: cuBLASLt's first heuristic answer (timing 8 candidates per shape was tried on the
+// H200 and made the 0.8B short workload slower: 5.39/5.34 ms prefill/evaluation against 5.26/4.92).
 #pragma once
 
 #include <cublasLt.h>
@@ -51,10 +42,9 @@ class GemmRunner {
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
 
-  Status init(int device, void* workspace, size_t workspace_bytes);
+  Status init(void* workspace, size_t workspace_bytes);
   // Builds (or finds) the plan for `shape`; call before recording so enqueue() cannot fail on planning.
-  // With `w` (the weights the GEMM will read) and an idle `stream`, times the candidates (see above).
-  Status prepare(const GemmShape& shape, const void* w = nullptr, cudaStream_t stream = nullptr);
+  Status prepare(const GemmShape& shape);
   // x is F32 or (w_bf16) the BF16 copy, with shape.ldx; requires prepare(shape) first.
   Status enqueue(const GemmShape& shape, const void* x, const void* w, float* out, cudaStream_t stream) const;
   size_t cublaslt_version() const { return cublasLtGetVersion(); }
@@ -66,16 +56,11 @@ class GemmRunner {
     cublasLtMatmulAlgo_t algo{};
   };
   static void destroy(Plan& p);
-  // Index of the fastest of `algos` on scratch operands (see above); -1 when scratch is unavailable.
-  Result<int> fastest(const GemmShape& s, const Plan& p, const cublasLtMatmulHeuristicResult_t* algos, int n,
-                      const void* w, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<GemmShape, Plan> plans_;
-  int device_ = 0;
-  bool tune_ = true;
 };
 
 // Largest power of two (<= 256) dividing both the address and the leading dimension in bytes.

@@ -174,34 +174,37 @@ class CpuBackend final : public Backend {
 };
 
 bool CpuBackend::supports(const OpDesc& desc) const {
+  return cpu::check_op_desc(OpCheck{op_name(desc.op), false}, desc);
+}
+
+}  // namespace
+
+bool cpu::check_op_desc(const OpCheck& c, const OpDesc& desc) {
   const std::vector<Tensor>& t = desc.operands;
-  const OpCheck c{op_name(desc.op), false};
   auto arity = [&](size_t n) { return t.size() == n; };
   switch (desc.op) {
-    case OpKind::Embedding: return arity(3) && cpu::check_embedding(c, t[0], t[1], t[2]).ok();
-    case OpKind::RmsNorm: return arity(3) && cpu::check_rms_norm(c, t[0], t[1], t[2]).ok();
-    case OpKind::Matmul: return arity(4) && cpu::check_matmul(c, t[0], t[1], t[2], t[3]).ok();
+    case OpKind::Embedding: return arity(3) && check_embedding(c, t[0], t[1], t[2]).ok();
+    case OpKind::RmsNorm: return arity(3) && check_rms_norm(c, t[0], t[1], t[2]).ok();
+    case OpKind::Matmul: return arity(4) && check_matmul(c, t[0], t[1], t[2], t[3]).ok();
     case OpKind::CausalConv1dSilu:
-      return arity(5) && cpu::check_causal_conv1d_silu(c, t[0], t[1], t[2], t[3], t[4]).ok();
-    case OpKind::GdnGates: return arity(6) && cpu::check_gdn_gates(c, t[0], t[1], t[2], t[3], t[4], t[5]).ok();
-    case OpKind::L2Norm: return arity(2) && cpu::check_l2_norm(c, t[0], t[1]).ok();
+      return arity(5) && check_causal_conv1d_silu(c, t[0], t[1], t[2], t[3], t[4]).ok();
+    case OpKind::GdnGates: return arity(6) && check_gdn_gates(c, t[0], t[1], t[2], t[3], t[4], t[5]).ok();
+    case OpKind::L2Norm: return arity(2) && check_l2_norm(c, t[0], t[1]).ok();
     case OpKind::GatedDeltaRule:
-      return arity(8) && cpu::check_gated_delta_rule(c, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]).ok();
-    case OpKind::RmsNormGated: return arity(4) && cpu::check_rms_norm_gated(c, t[0], t[1], t[2], t[3]).ok();
-    case OpKind::Rope: return arity(1) && cpu::check_rope(c, t[0]).ok();
-    case OpKind::Attention: return arity(6) && cpu::check_attention(c, t[0], t[1], t[2], t[3], t[4], t[5]).ok();
+      return arity(8) && check_gated_delta_rule(c, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]).ok();
+    case OpKind::RmsNormGated: return arity(4) && check_rms_norm_gated(c, t[0], t[1], t[2], t[3]).ok();
+    case OpKind::Rope: return arity(1) && check_rope(c, t[0]).ok();
+    case OpKind::Attention: return arity(6) && check_attention(c, t[0], t[1], t[2], t[3], t[4], t[5]).ok();
     case OpKind::SigmoidMul:
     case OpKind::Swiglu:
-    case OpKind::Add: return arity(3) && cpu::check_binary(c, t[0], t[1], t[2]).ok();
-    case OpKind::GatherRows: return arity(3) && cpu::check_gather_rows(c, t[0], t[1], t[2]).ok();
-    case OpKind::PointerLogits: return arity(4) && cpu::check_pointer_logits(c, t[0], t[1], t[2], t[3]).ok();
-    case OpKind::Copy: return arity(2) && cpu::check_copy(c, t[0], t[1]).ok();
+    case OpKind::Add: return arity(3) && check_binary(c, t[0], t[1], t[2]).ok();
+    case OpKind::GatherRows: return arity(3) && check_gather_rows(c, t[0], t[1], t[2]).ok();
+    case OpKind::PointerLogits: return arity(4) && check_pointer_logits(c, t[0], t[1], t[2], t[3]).ok();
+    case OpKind::Copy: return arity(2) && check_copy(c, t[0], t[1]).ok();
     case OpKind::kCount: return false;
   }
   return false;
 }
-
-}  // namespace
 
 Result<std::shared_ptr<Backend>> create_cpu_backend(const BackendOptions& options) {
   KEV_CHECK(options.threads >= 0 && options.threads <= kMaxThreads, ErrorCode::InvalidRequest,

@@ -78,6 +78,10 @@ Status sigmoid_mul(const Exec& e, const Tensor& x, const Tensor& gate, const Ten
 Status swiglu(const Exec& e, const Tensor& gate, const Tensor& up, const Tensor& out);
 Status add(const Exec& e, const Tensor& a, const Tensor& b, const Tensor& out);
 Status check_copy(const OpCheck& c, const Tensor& x, const Tensor& out);
+
+// supports() through the checks above: the right operand count for desc.op, then its check. Every
+// backend's supports() starts here (CUDA and WebGPU replace or add the rules their kernels differ in).
+bool check_op_desc(const OpCheck& c, const OpDesc& desc);
 Status copy(const Exec& e, const Tensor& x, const Tensor& out);
 
 // pointer_head.cpp

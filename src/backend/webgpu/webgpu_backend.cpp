@@ -119,34 +119,7 @@ Status WebGpuBackend::check_kernel_limits(const OpDesc& d) const {
 }
 
 bool WebGpuBackend::supports(const OpDesc& desc) const {
-  const std::vector<Tensor>& t = desc.operands;
-  const cpu::OpCheck c{op_name(desc.op), false};
-  auto arity = [&](size_t n) { return t.size() == n; };
-  bool ok = false;
-  switch (desc.op) {
-    case OpKind::Embedding: ok = arity(3) && cpu::check_embedding(c, t[0], t[1], t[2]).ok(); break;
-    case OpKind::RmsNorm: ok = arity(3) && cpu::check_rms_norm(c, t[0], t[1], t[2]).ok(); break;
-    case OpKind::Matmul: ok = arity(4) && cpu::check_matmul(c, t[0], t[1], t[2], t[3]).ok(); break;
-    case OpKind::CausalConv1dSilu:
-      ok = arity(5) && cpu::check_causal_conv1d_silu(c, t[0], t[1], t[2], t[3], t[4]).ok();
-      break;
-    case OpKind::GdnGates: ok = arity(6) && cpu::check_gdn_gates(c, t[0], t[1], t[2], t[3], t[4], t[5]).ok(); break;
-    case OpKind::L2Norm: ok = arity(2) && cpu::check_l2_norm(c, t[0], t[1]).ok(); break;
-    case OpKind::GatedDeltaRule:
-      ok = arity(8) && cpu::check_gated_delta_rule(c, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]).ok();
-      break;
-    case OpKind::RmsNormGated: ok = arity(4) && cpu::check_rms_norm_gated(c, t[0], t[1], t[2], t[3]).ok(); break;
-    case OpKind::Rope: ok = arity(1) && cpu::check_rope(c, t[0]).ok(); break;
-    case OpKind::Attention: ok = arity(6) && cpu::check_attention(c, t[0], t[1], t[2], t[3], t[4], t[5]).ok(); break;
-    case OpKind::SigmoidMul:
-    case OpKind::Swiglu:
-    case OpKind::Add: ok = arity(3) && cpu::check_binary(c, t[0], t[1], t[2]).ok(); break;
-    case OpKind::GatherRows: ok = arity(3) && cpu::check_gather_rows(c, t[0], t[1], t[2]).ok(); break;
-    case OpKind::PointerLogits: ok = arity(4) && cpu::check_pointer_logits(c, t[0], t[1], t[2], t[3]).ok(); break;
-    case OpKind::Copy: ok = arity(2) && cpu::check_copy(c, t[0], t[1]).ok(); break;
-    case OpKind::kCount: return false;
-  }
-  return ok && check_kernel_limits(desc).ok();
+  return cpu::check_op_desc(cpu::OpCheck{op_name(desc.op), false}, desc) && check_kernel_limits(desc).ok();
 }
 
 Status WebGpuBackend::check_op(OpKind op, std::initializer_list<Tensor> operands) const {

@@ -24,6 +24,7 @@
 
 #include "backend/backend.h"
 #include "common/check.h"
+#include "engine/backend_options.h"
 #include "io/json_util.h"
 #include "backend_options.h"
 #include "kev/kev.h"
@@ -155,12 +156,8 @@ kev::Result<double> time_op(kev::Backend& b, const std::function<kev::Status()>&
 }
 
 kev::Result<Ceilings> measure_ceilings(const kev::Options& options, kev::DType weight_dtype) {
-  kev::BackendOptions bo;
-  bo.threads = options.threads;
-  bo.device = options.device;
-  bo.cuda_graphs = options.cuda_graphs;
+  kev::BackendOptions bo = kev::backend_options(options);
   bo.cuda_bf16x2 = false;  // the ceiling is the hardware's plain BF16 GEMM rate
-  bo.adapter = options.adapter;
   KEV_ASSIGN_OR_RETURN(std::shared_ptr<kev::Backend> b, kev::create_backend(options.backend, bo));
   const int64_t n = 4096;
   std::vector<std::shared_ptr<kev::Buffer>> hold;  // keeps the buffers alive while measuring

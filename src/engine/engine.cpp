@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "common/check.h"
 #include "common/hash.h"
+#include "engine/backend_options.h"
 #include "kev/kev.h"
 #include "model/checkpoint_import.h"
 #include "model/forward.h"
@@ -78,6 +79,16 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 Engine::~Engine() = default;
 const ModelInfo& Engine::info() const { return impl_->info; }
 
+BackendOptions backend_options(const Options& options) {
+  BackendOptions b;
+  b.threads = options.threads;
+  b.device = options.device;
+  b.cuda_graphs = options.cuda_graphs;
+  b.cuda_bf16x2 = options.cuda_bf16x2;
+  b.adapter = options.adapter;
+  return b;
+}
+
 Result<Engine> Engine::load(const std::string& path, const Options& options) {
   // An upstream checkpoint (head.pt) is merged in memory as kev_export would; else an exported model.
   std::optional<OpenedCheckpoint> checkpoint;
@@ -100,13 +111,7 @@ Result<Engine> Engine::load(const std::string& path, const Options& options) {
   KEV_CHECK(tokenizer.vocab_size() <= model.config.n_vocab, ErrorCode::TokenizerMismatch, "the tokenizer has ",
             tokenizer.vocab_size(), " ids but the model's embedding has only ", model.config.n_vocab, " rows");
 
-  BackendOptions bopts;
-  bopts.threads = options.threads;
-  bopts.device = options.device;
-  bopts.cuda_graphs = options.cuda_graphs;
-  bopts.cuda_bf16x2 = options.cuda_bf16x2;
-  bopts.adapter = options.adapter;
-  KEV_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, create_backend(options.backend, bopts));
+  KEV_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, create_backend(options.backend, backend_options(options)));
 
   ModelWeights weights;
   if (checkpoint) {

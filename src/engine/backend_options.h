@@ -1,0 +1,12 @@
+// How an Engine's Options become the options of the backend it creates. Shared with tools that
+// create a second backend beside an Engine (kev_benchmark's ceilings), so both are configured alike.
+#pragma once
+
+#include "backend/backend.h"
+#include "kev/kev.h"
+
+namespace kev {
+
+BackendOptions backend_options(const Options& options);
+
+}  // namespace kev

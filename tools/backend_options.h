@@ -13,8 +13,10 @@ inline void add_backend_options(CLI::App& app, Options& options) {
   app.add_option("--threads", options.threads, "CPU threads of the model (0 = all cores)");
   app.add_option("--device", options.device, "CUDA device ordinal");
   app.add_flag("!--no-cuda-graphs", options.cuda_graphs, "CUDA: launch every kernel instead of replaying graphs");
-  app.add_flag("!--cuda-fast-bf16", options.cuda_bf16x2,
-               "CUDA: round GEMM inputs to BF16 instead of splitting them into two BF16 halves");
+  app.add_option("--cuda-gemm", options.cuda_gemm,
+                 "CUDA, bf16 exports: GEMM operands f16 (weights converted at load, x row-scaled to FP16), "
+                 "bf16x2 (x as two BF16 halves) or bf16 (x rounded)")
+      ->check(CLI::IsMember({"f16", "bf16x2", "bf16"}));
   app.add_option("--adapter", options.adapter, "WebGPU adapter: name substring or type (discrete, integrated, cpu)");
 }
 

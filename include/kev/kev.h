@@ -114,7 +114,10 @@ struct Options {
   int threads = 0;                 // CPU worker threads; 0 = hardware concurrency
   int device = 0;                  // CUDA device ordinal
   bool cuda_graphs = true;         // CUDA: replay recurring passes as CUDA graphs
-  bool cuda_bf16x2 = true;         // CUDA: x as two BF16 halves in BF16 GEMMs (false: x rounded to BF16)
+  // CUDA, bf16 exports: the GEMM operands. "f16" (weights converted to FP16 at load, x rounded to FP16
+  // after a per-row power-of-two scale), "bf16x2" (x as two BF16 halves: 2x the GEMM FLOPs) or "bf16"
+  // (x rounded to BF16); docs/numerics.md gives each one's measured error.
+  std::string cuda_gemm = "f16";
   std::string adapter;             // WebGPU adapter: name substring or type ("discrete", "cpu"); "" = default
   bool profile_ops = false;        // time every op (waits for the device after each; slows passes)
   // Loading an upstream checkpoint directory (head.pt + adapter or full weights) instead of an exported

@@ -128,6 +128,14 @@ class Backend {
   virtual Status copy(const Tensor& x, const Tensor& out) = 0;
 };
 
+// CUDA, projection weights exported as BF16: the GEMM operands (docs/numerics.md has each one's error).
+enum class CudaGemm : uint8_t {
+  F16,     // weights converted to FP16 at load (exact for BF16 values in FP16's range), x rounded to FP16
+           // after a per-row power-of-two scale; BF16 weights (if given) as BF16x2
+  BF16x2,  // BF16 weights; x as two BF16 halves (hi + lo) stacked in one GEMM of 2n rows (2x the FLOPs)
+  BF16,    // BF16 weights; x rounded to BF16
+};
+
 struct BackendOptions {
   int threads = 0;              // CPU: worker threads (0 = hardware concurrency)
   bool reference_mode = false;  // CPU: plain loops, no BLAS, token-by-token GDN (the op-test yardstick)
@@ -136,9 +144,7 @@ struct BackendOptions {
   bool row_invariant_matmul = true;
   int device = 0;               // CUDA: device ordinal
   bool cuda_graphs = true;      // CUDA: replay recurring passes as CUDA graphs
-  // CUDA, BF16 weights: feed x to the GEMM as two BF16 halves (hi + lo, ~16 significand bits) instead of
-  // rounding it to BF16; W is still read once, the GEMM does twice the FLOPs (docs/numerics.md).
-  bool cuda_bf16x2 = true;
+  CudaGemm cuda_gemm = CudaGemm::F16;  // CUDA: GEMM operands for 16-bit projection weights
   std::string adapter;          // WebGPU: adapter name substring or type ("discrete", "cpu", ...); empty = default
   bool webgpu_f16 = false;      // WebGPU: F16 kernels where the adapter has shader-f16 (FP32 otherwise)
   // Only supports() is needed (kev_export's op audit): succeed without a device, answering for the

@@ -7,6 +7,7 @@
 
 namespace kev {
 
-BackendOptions backend_options(const Options& options);
+// Fails, naming the accepted values, on an unknown Options::cuda_gemm.
+Result<BackendOptions> backend_options(const Options& options);
 
 }  // namespace kev

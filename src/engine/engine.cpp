@@ -79,12 +79,21 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 Engine::~Engine() = default;
 const ModelInfo& Engine::info() const { return impl_->info; }
 
-BackendOptions backend_options(const Options& options) {
+Result<BackendOptions> backend_options(const Options& options) {
   BackendOptions b;
   b.threads = options.threads;
   b.device = options.device;
   b.cuda_graphs = options.cuda_graphs;
-  b.cuda_bf16x2 = options.cuda_bf16x2;
+  if (options.cuda_gemm == "f16") {
+    b.cuda_gemm = CudaGemm::F16;
+  } else if (options.cuda_gemm == "bf16x2") {
+    b.cuda_gemm = CudaGemm::BF16x2;
+  } else if (options.cuda_gemm == "bf16") {
+    b.cuda_gemm = CudaGemm::BF16;
+  } else {
+    return Status(ErrorCode::InvalidRequest,
+                  cat("unknown CUDA GEMM precision '", options.cuda_gemm, "'; use f16, bf16x2 or bf16"));
+  }
   b.adapter = options.adapter;
   return b;
 }
@@ -111,13 +120,14 @@ Result<Engine> Engine::load(const std::string& path, const Options& options) {
   KEV_CHECK(tokenizer.vocab_size() <= model.config.n_vocab, ErrorCode::TokenizerMismatch, "the tokenizer has ",
             tokenizer.vocab_size(), " ids but the model's embedding has only ", model.config.n_vocab, " rows");
 
-  KEV_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, create_backend(options.backend, backend_options(options)));
+  KEV_ASSIGN_OR_RETURN(BackendOptions backend_opts, backend_options(options));
+  KEV_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, create_backend(options.backend, backend_opts));
 
   ModelWeights weights;
   if (checkpoint) {
     // The dtype the default export for this backend would hold, so a direct load equals loading it.
     const DType dtype = matmul_dtype_for(*backend, model.config, default_export_dtype(options.backend));
-    model.kev.dtype = dtype == DType::BF16 ? "bf16" : "fp32";
+    model.kev.dtype = dtype == DType::F32 ? "fp32" : "bf16";
     KEV_ASSIGN_OR_RETURN(weights,
                          upload_weights(*backend, model.config, model.kev.pointer_dim, checkpoint->tensors, dtype));
   } else {
@@ -138,7 +148,8 @@ Result<Engine> Engine::load(const std::string& path, const Options& options) {
   info.name = impl->model.kev.name;
   info.architecture = impl->model.config.summary();
   info.checkpoint_id = impl->model.kev.checkpoint_id;
-  info.dtype = matmul_dtype == DType::BF16 ? "bf16"
+  info.dtype = matmul_dtype == DType::BF16  ? "bf16"
+               : matmul_dtype == DType::F16 ? "f16 (bf16 export converted at load)"
                : impl->model.kev.dtype == "bf16" ? "fp32 (widened from bf16 at load)"
                                                  : "fp32";
   info.backend = backend->info().name;

@@ -227,14 +227,14 @@ Status ModelRunner::gdn_layer(size_t il, const LayerWeights& L, const Tensor& a,
   const size_t ig = gdn_index_[il];
   const float eps = static_cast<float>(c.rms_eps);
 
-  KEV_ASSIGN_OR_RETURN(Tensor qkv, arena_.alloc(DType::F32, {n, C}));
-  KEV_ASSIGN_OR_RETURN(Tensor z, arena_.alloc(DType::F32, {n, Hv * dv}));
-  KEV_ASSIGN_OR_RETURN(Tensor b, arena_.alloc(DType::F32, {n, Hv}));
-  KEV_ASSIGN_OR_RETURN(Tensor alpha, arena_.alloc(DType::F32, {n, Hv}));
-  KEV_TRY(run(OpKind::Matmul, {a, W.in_proj_qkv, none, qkv}, [&] { return backend_->matmul(a, W.in_proj_qkv, none, qkv); }));
-  KEV_TRY(run(OpKind::Matmul, {a, W.in_proj_z, none, z}, [&] { return backend_->matmul(a, W.in_proj_z, none, z); }));
-  KEV_TRY(run(OpKind::Matmul, {a, W.in_proj_b, none, b}, [&] { return backend_->matmul(a, W.in_proj_b, none, b); }));
-  KEV_TRY(run(OpKind::Matmul, {a, W.in_proj_a, none, alpha}, [&] { return backend_->matmul(a, W.in_proj_a, none, alpha); }));
+  // The four input projections as one GEMM; qkv, z, b and α are column views of its output.
+  const int64_t Z = Hv * dv;
+  KEV_ASSIGN_OR_RETURN(Tensor proj, arena_.alloc(DType::F32, {n, C + Z + 2 * Hv}));
+  KEV_TRY(run(OpKind::Matmul, {a, W.in_proj, none, proj}, [&] { return backend_->matmul(a, W.in_proj, none, proj); }));
+  const Tensor qkv = proj.slice(1, 0, C);
+  const Tensor z_heads = proj.slice(1, C, Z).split_last(Hv);
+  const Tensor b = proj.slice(1, C + Z, Hv);
+  const Tensor alpha = proj.slice(1, C + Z + Hv, Hv);
 
   // c'_t = SiLU(Σ_j W[·,j] c_{t-3+j}); earlier inputs from the prefix's conv state (rows) or zeros.
   KEV_ASSIGN_OR_RETURN(Tensor conv, arena_.alloc(DType::F32, {n, C}));
@@ -266,7 +266,6 @@ Status ModelRunner::gdn_layer(size_t il, const LayerWeights& L, const Tensor& a,
               [&] { return backend_->gated_delta_rule(q, k, v, g, beta, s_in, layout, o, s_out); }));
 
   // y = out_proj(concat_h G(o_h, z_h)), G(o, z) = w ⊙ o/√(mean(o²)+ε) ⊙ SiLU(z).
-  const Tensor z_heads = z.reshaped({n, Hv, dv});
   KEV_TRY(run(OpKind::RmsNormGated, {o, z_heads, W.norm, o},
               [&] { return backend_->rms_norm_gated(o, z_heads, W.norm, eps, o); }));
   const Tensor o_flat = o.reshaped({n, Hv * dv});
@@ -282,12 +281,15 @@ Status ModelRunner::mlp(const LayerWeights& L, const Tensor& x) {
   KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, d}));
   const float eps = static_cast<float>(config_.rms_eps);
   KEV_TRY(run(OpKind::RmsNorm, {x, L.post_norm, a}, [&] { return backend_->rms_norm(x, L.post_norm, eps, a); }));
-  KEV_ASSIGN_OR_RETURN(Tensor gate, arena_.alloc(DType::F32, {n, F}));
-  KEV_ASSIGN_OR_RETURN(Tensor up, arena_.alloc(DType::F32, {n, F}));
-  KEV_TRY(run(OpKind::Matmul, {a, L.gate_proj, none, gate}, [&] { return backend_->matmul(a, L.gate_proj, none, gate); }));
-  KEV_TRY(run(OpKind::Matmul, {a, L.up_proj, none, up}, [&] { return backend_->matmul(a, L.up_proj, none, up); }));
-  KEV_TRY(run(OpKind::Swiglu, {gate, up, gate}, [&] { return backend_->swiglu(gate, up, gate); }));
-  KEV_TRY(run(OpKind::Matmul, {gate, L.down_proj, none, a}, [&] { return backend_->matmul(gate, L.down_proj, none, a); }));
+  // gate and up as one GEMM; the two halves of its output are column views.
+  KEV_ASSIGN_OR_RETURN(Tensor gate_up, arena_.alloc(DType::F32, {n, 2 * F}));
+  KEV_TRY(run(OpKind::Matmul, {a, L.gate_up_proj, none, gate_up},
+              [&] { return backend_->matmul(a, L.gate_up_proj, none, gate_up); }));
+  // (The two views' byte ranges interleave, so the product goes to its own buffer, not in place.)
+  const Tensor gate = gate_up.slice(1, 0, F), up = gate_up.slice(1, F, F);
+  KEV_ASSIGN_OR_RETURN(Tensor act, arena_.alloc(DType::F32, {n, F}));
+  KEV_TRY(run(OpKind::Swiglu, {gate, up, act}, [&] { return backend_->swiglu(gate, up, act); }));
+  KEV_TRY(run(OpKind::Matmul, {act, L.down_proj, none, a}, [&] { return backend_->matmul(act, L.down_proj, none, a); }));
   KEV_TRY(run(OpKind::Add, {x, a, x}, [&] { return backend_->add(x, a, x); }));
   arena_.rewind(mark);
   return Status::success();

@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <cmath>
+#include <span>
 
 #include "common/bf16.h"
 #include "common/check.h"
@@ -72,41 +73,76 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& c, int64_t pointer_dim) 
 
 namespace {
 
+constexpr float kF16Max = 65504.0f;
+
 class Uploader {
  public:
   Uploader(Backend& backend, const TensorSource& source, DType matmul_dtype, ModelWeights& out)
       : backend_(backend), source_(source), matmul_dtype_(matmul_dtype), out_(out) {}
 
   Result<Tensor> load(const WeightSpec& spec) {
+    KEV_ASSIGN_OR_RETURN(HostTensor host, read(spec));
+    return put(spec.name, spec.shape, spec.projection, host.data);
+  }
+
+  // Projections of one input stacked by rows into one weight [Σ m_i, k] (one GEMM instead of several).
+  Result<Tensor> load_stacked(std::span<const WeightSpec> parts) {
+    std::vector<float> data;
+    int64_t rows = 0;
+    std::string name;
+    for (const WeightSpec& spec : parts) {
+      KEV_ASSIGN_OR_RETURN(HostTensor host, read(spec));
+      data.insert(data.end(), host.data.begin(), host.data.end());
+      rows += spec.shape[0];
+      name += (name.empty() ? "" : " + ") + spec.name;
+    }
+    return put(name, {rows, parts[0].shape[1]}, true, data);
+  }
+
+ private:
+  Result<HostTensor> read(const WeightSpec& spec) {
     KEV_ASSIGN_OR_RETURN(HostTensor host, source_(spec.name));
     KEV_CHECK(shape_matches(spec, host.shape), ErrorCode::InvalidArtifact, "weight '", spec.name,
               "' has shape ", shape_text(host.shape), "; the model configuration needs ", shape_text(spec.shape));
     for (float v : host.data) {
       KEV_CHECK(std::isfinite(v), ErrorCode::InvalidArtifact, "weight '", spec.name, "' holds a non-finite value");
     }
-    const DType dtype = spec.projection ? matmul_dtype_ : DType::F32;
-    const size_t n = host.data.size();
+    return host;
+  }
+
+  Result<Tensor> put(const std::string& name, const std::vector<int64_t>& shape, bool projection,
+                     const std::vector<float>& data) {
+    const DType dtype = projection ? matmul_dtype_ : DType::F32;
+    const size_t n = data.size();
     const size_t bytes = n * dtype_size(dtype);
     KEV_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, backend_.alloc(bytes, BufferUsage::Weights));
     Tensor t;
-    if (spec.shape.size() == 1) {
-      t = Tensor::contiguous(buffer.get(), 0, dtype, {spec.shape[0]});
+    if (shape.size() == 1) {
+      t = Tensor::contiguous(buffer.get(), 0, dtype, {shape[0]});
     } else {
-      t = Tensor::contiguous(buffer.get(), 0, dtype, {spec.shape[0], spec.shape[1]});
+      t = Tensor::contiguous(buffer.get(), 0, dtype, {shape[0], shape[1]});
     }
-    if (dtype == DType::BF16) {
+    if (dtype == DType::BF16 || dtype == DType::F16) {
       std::vector<uint16_t> half(n);
-      f32_to_bf16(host.data.data(), half.data(), n);
+      if (dtype == DType::BF16) {
+        f32_to_bf16(data.data(), half.data(), n);
+      } else {
+        for (size_t i = 0; i < n; ++i) {
+          KEV_CHECK(std::fabs(data[i]) <= kF16Max, ErrorCode::InvalidArtifact, "weight '", name, "' holds ", data[i],
+                    ", beyond FP16's range (", kF16Max,
+                    "); load this model with 16-bit GEMMs in BF16 (CUDA: --cuda-gemm bf16x2)");
+        }
+        f32_to_f16(data.data(), half.data(), n);
+      }
       KEV_TRY(backend_.upload(t, half.data(), bytes));
     } else {
-      KEV_TRY(backend_.upload(t, host.data.data(), bytes));
+      KEV_TRY(backend_.upload(t, data.data(), bytes));
     }
     out_.bytes += bytes;
     out_.buffers.push_back(std::move(buffer));
     return t;
   }
 
- private:
   Backend& backend_;
   const TensorSource& source_;
   DType matmul_dtype_;
@@ -122,9 +158,28 @@ Result<ModelWeights> upload_weights(Backend& backend, const ModelConfig& config,
   w.matmul_dtype = matmul_dtype;
   w.layers.resize(static_cast<size_t>(config.n_layers));
   Uploader up(backend, source, matmul_dtype, w);
-  for (const WeightSpec& spec : weight_specs(config, pointer_dim)) {
-    KEV_ASSIGN_OR_RETURN(Tensor t, up.load(spec));
+  const std::vector<WeightSpec> specs = weight_specs(config, pointer_dim);
+  for (size_t si = 0; si < specs.size(); ++si) {
+    const WeightSpec& spec = specs[si];
     const std::string& n = spec.name;
+    // A GDN layer's four input projections and the MLP's gate and up projections each become one
+    // stacked weight (weight_specs lists each group's members consecutively, first member first).
+    const size_t group = n.ends_with(".linear_attn.in_proj_qkv.weight") ? 4 : n.ends_with(".mlp.gate_proj.weight") ? 2 : 1;
+    if (group > 1) {
+      KEV_CHECK(si + group <= specs.size(), ErrorCode::Internal, "weight group of '", n, "' is incomplete");
+      const std::span<const WeightSpec> parts(specs.data() + si, group);
+      KEV_ASSIGN_OR_RETURN(Tensor t, up.load_stacked(parts));
+      const size_t dot = n.find('.', 7);
+      LayerWeights& L = w.layers[static_cast<size_t>(std::stoll(n.substr(7, dot - 7)))];
+      if (group == 4) {
+        L.gdn.in_proj = t;
+      } else {
+        L.gate_up_proj = t;
+      }
+      si += group - 1;
+      continue;
+    }
+    KEV_ASSIGN_OR_RETURN(Tensor t, up.load(spec));
     if (n == "embed_tokens.weight") { w.embed = t; continue; }
     if (n == "norm.weight") { w.final_norm = t; continue; }
     if (n == "kev_head.q.weight") { w.head.q_weight = t; continue; }
@@ -145,17 +200,11 @@ Result<ModelWeights> upload_weights(Backend& backend, const ModelConfig& config,
     else if (rest == "self_attn.o_proj.weight") L.attn.o_proj = t;
     else if (rest == "self_attn.q_norm.weight") L.attn.q_norm = t;
     else if (rest == "self_attn.k_norm.weight") L.attn.k_norm = t;
-    else if (rest == "linear_attn.in_proj_qkv.weight") L.gdn.in_proj_qkv = t;
-    else if (rest == "linear_attn.in_proj_z.weight") L.gdn.in_proj_z = t;
-    else if (rest == "linear_attn.in_proj_b.weight") L.gdn.in_proj_b = t;
-    else if (rest == "linear_attn.in_proj_a.weight") L.gdn.in_proj_a = t;
     else if (rest == "linear_attn.conv1d.weight") L.gdn.conv1d = t;
     else if (rest == "linear_attn.A_log") L.gdn.a_log = t;
     else if (rest == "linear_attn.dt_bias") L.gdn.dt_bias = t;
     else if (rest == "linear_attn.norm.weight") L.gdn.norm = t;
     else if (rest == "linear_attn.out_proj.weight") L.gdn.out_proj = t;
-    else if (rest == "mlp.gate_proj.weight") L.gate_proj = t;
-    else if (rest == "mlp.up_proj.weight") L.up_proj = t;
     else if (rest == "mlp.down_proj.weight") L.down_proj = t;
     else return Status(ErrorCode::Internal, cat("weight spec '", n, "' has no slot"));
   }
@@ -172,7 +221,11 @@ DType matmul_dtype_for(const Backend& backend, const ModelConfig& config, const 
   x.shape = out.shape = {1, d};
   w.shape = {d, d};
   x.stride = w.stride = out.stride = {d, 1};
-  return backend.supports(OpDesc{OpKind::Matmul, {x, w, Tensor(), out}}) ? DType::BF16 : DType::F32;
+  for (DType dt : {DType::F16, DType::BF16}) {
+    w.dtype = dt;
+    if (backend.supports(OpDesc{OpKind::Matmul, {x, w, Tensor(), out}})) return dt;
+  }
+  return DType::F32;
 }
 
 Result<ModelWeights> load_model_weights(Backend& backend, const ModelFile& model) {

@@ -27,10 +27,9 @@ struct AttentionWeights {
 };
 
 struct GdnWeights {
-  Tensor in_proj_qkv;  // [C, d], C = 2*H_k*d_k + H_v*d_v, order q, k, v
-  Tensor in_proj_z;    // [H_v*d_v, d]
-  Tensor in_proj_b;    // [H_v, d]
-  Tensor in_proj_a;    // [H_v, d]
+  // [C + H_v*d_v + 2*H_v, d]: in_proj_qkv [C, d] (C = 2*H_k*d_k + H_v*d_v, order q, k, v), in_proj_z
+  // [H_v*d_v, d], in_proj_b [H_v, d], in_proj_a [H_v, d] stacked by rows: one GEMM of the layer's input.
+  Tensor in_proj;
   Tensor conv1d;       // [C, K] (HF stores [C, 1, K])
   Tensor a_log;        // [H_v] F32
   Tensor dt_bias;      // [H_v] F32
@@ -44,8 +43,7 @@ struct LayerWeights {
   Tensor post_norm;   // [d]
   AttentionWeights attn;
   GdnWeights gdn;
-  Tensor gate_proj;   // [F, d]
-  Tensor up_proj;     // [F, d]
+  Tensor gate_up_proj;  // [2F, d]: gate_proj [F, d] then up_proj [F, d], stacked (one GEMM)
   Tensor down_proj;   // [d, F]
 };
 
@@ -71,13 +69,14 @@ struct ModelWeights {
 // naming the tensor when it is missing.
 using TensorSource = std::function<Result<HostTensor>(const std::string& name)>;
 
-// `matmul_dtype`: the dtype projection weights are stored in on the backend (F32, or BF16 where the
-// backend's matmul supports it). Norms, gates, conv, A_log, dt_bias and the head are always F32.
+// `matmul_dtype`: the dtype projection weights are stored in on the backend (F32, or BF16 / F16 where
+// the backend's matmul takes it; F16 refuses values beyond FP16's range, naming the weight). Norms, gates, conv, A_log, dt_bias and the head are always F32.
 Result<ModelWeights> upload_weights(Backend& backend, const ModelConfig& config, int64_t pointer_dim,
                                     const TensorSource& source, DType matmul_dtype);
 
-// The projection dtype `backend` computes with for weights stored as `stored` ("fp32" | "bf16"): BF16 only
-// when they are stored as BF16 and the backend's matmul takes BF16 weights; else F32.
+// The projection dtype `backend` computes with for weights stored as `stored` ("fp32" | "bf16"): for
+// BF16-stored weights F16 when the backend's matmul takes F16 weights (CUDA's f16 GEMMs), else BF16 when
+// it takes BF16 weights; F32 otherwise.
 DType matmul_dtype_for(const Backend& backend, const ModelConfig& config, const std::string& stored);
 
 // Chooses the projection dtype with matmul_dtype_for and uploads the weights of an exported model.

@@ -1,6 +1,6 @@
 // The CUDA backend against the CPU backend in reference mode: every op case of the shared tables
 // (op_cases_support.cpp), extra gated-delta-rule and attention cases at Kev's shapes and lengths,
-// BF16-weight matmuls, graph replay, the memory pool and operand refusals.
+// 16-bit-weight matmuls, graph replay, the memory pool and operand refusals.
 //
 // Every test that needs a GPU skips, printing why, when create_backend("cuda") fails (no device, old
 // driver, or a build without CUDA). Run on a GPU machine:
@@ -119,8 +119,9 @@ struct AttnShape {
   int64_t H, Hkv, hd;
 };
 
-// q is the query half of q_proj's [n,H,2·hd] output (head stride 2·hd), as in the forward.
-OpCase attention_case(AttnShape s, int64_t Ls, const std::vector<int64_t>& seqs) {
+// q is the query half of q_proj's [n,H,2·hd] output (head stride 2·hd), as in the forward; q_front > 0
+// shifts it by that many floats, which takes the kernel's scalar (unaligned) load and store path.
+OpCase attention_case(AttnShape s, int64_t Ls, const std::vector<int64_t>& seqs, int64_t q_front = 0) {
   int64_t n = 0;
   for (int64_t l : seqs) n += l;
   const bool prefix = Ls > 0;
@@ -128,8 +129,10 @@ OpCase attention_case(AttnShape s, int64_t Ls, const std::vector<int64_t>& seqs)
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hd)));
   return OpCase{OpKind::Attention,
                 "H=" + std::to_string(s.H) + ",Hkv=" + std::to_string(s.Hkv) + ",hd=" + std::to_string(s.hd) +
-                    ",Ls=" + std::to_string(Ls) + ",seqs=" + lengths_str(seqs) + ",q_view",
-                {padded(in("q", {n, s.H, s.hd}, normal(0, 2)), 0, s.hd), in("k", {n, s.Hkv, s.hd}, normal(0, 2)),
+                    ",Ls=" + std::to_string(Ls) + ",seqs=" + lengths_str(seqs) + ",q_view" +
+                    (q_front > 0 ? ",unaligned" : ""),
+                {padded(in("q", {n, s.H, s.hd}, normal(0, 2)), q_front, s.hd - q_front),
+                 in("k", {n, s.Hkv, s.hd}, normal(0, 2)),
                  in("v", {n, s.Hkv, s.hd}, normal()),
                  prefix ? in("prefix_k", {Ls, s.Hkv, s.hd}, normal(0, 2)) : absent("prefix_k"),
                  prefix ? in("prefix_v", {Ls, s.Hkv, s.hd}, normal()) : absent("prefix_v"),
@@ -163,6 +166,16 @@ const std::vector<OpCase>& cuda_extra_cases() {
     c.push_back(attention_case(a08, 0, {9, 1, 40}));
     c.push_back(attention_case(a64, 325, {9, 1, 40}));
     c.push_back(attention_case(a64, 0, {130}));
+    // The tensor-core kernel's other shapes: hd 128, a group size that does not divide 64 (G = 3: 21
+    // tokens, 63 rows per tile), G = 1, the scalar path, and a 4b causal prefill long enough to run
+    // without key splits (69 query tiles × 4 KV heads).
+    const AttnShape a128{16, 4, 128}, g3{6, 2, 64}, g1{4, 4, 64};
+    c.push_back(attention_case(a128, 300, {33, 2, 90}));
+    c.push_back(attention_case(g3, 17, {30, 12, 1}));
+    c.push_back(attention_case(g1, 0, {100}));
+    c.push_back(attention_case(a128, 0, {50}, 1));
+    c.push_back(attention_case(a4b, 40, {7, 30}, 3));
+    c.push_back(attention_case(a4b, 0, {1100}));
     return c;
   }();
   return cases;
@@ -193,32 +206,61 @@ std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaOpVsReference, ::testing::Range<size_t>(0, case_count()), case_name);
 
-// ---- BF16 weights ---------------------------------------------------------------------------------
+// ---- 16-bit weights ---------------------------------------------------------------------------------
 
-// NMSE bound per weight dtype. F32 weights: the table's FP32 reduction bound. BF16 weights: the GPU
-// rounds x to BF16 before the GEMM (relative error <= 2^-9 per element, ~2^-9/sqrt(3) rms), which
-// alone gives an NMSE near 1.3e-6 against an FP32 product with the same (widened) weights; 1e-5
-// leaves headroom for the FP32 accumulation order while an indexing error would still be ~1.
-double matmul_tolerance(DType w) { return w == DType::BF16 ? 1e-5 : kTolReduction; }
+// NMSE bound per GEMM mode, against an FP32 product with the same (widened) weights: only x's rounding
+// differs. F16 x (after its power-of-two row scale): relative error <= 2^-12 per element, NMSE near
+// 1e-7; BF16 x rounded: <= 2^-9, NMSE near 1.3e-6; BF16 x as two halves: ~2^-17, at the FP32
+// accumulation-order level. Each bound leaves headroom while an indexing error would still be ~1.
+enum class Mode { F16, Bf16x2, Bf16 };
+double matmul_tolerance(Mode m) { return m == Mode::F16 ? 1e-6 : m == Mode::Bf16x2 ? 1e-9 : 1e-5; }
+
+std::shared_ptr<Backend> cuda_backend_with(CudaGemm gemm) {
+  BackendOptions o;
+  o.cuda_gemm = gemm;
+  auto r = create_backend("cuda", o);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? r.value() : nullptr;
+}
+
+// BF16 weights N(0, scale²) that FP16 holds exactly too (values under FP16's smallest normal, 2^-14,
+// set to 0), so every mode multiplies the same weights as the widened FP32 reference.
+std::vector<uint16_t> half_exact_weights(size_t count, float scale, uint64_t seed) {
+  const std::vector<float> wf = testing::randn(count, scale, seed);
+  std::vector<uint16_t> w(count);
+  for (size_t i = 0; i < count; ++i) w[i] = f32_to_bf16(std::fabs(wf[i]) < 0x1p-14f ? 0.0f : wf[i]);
+  return w;
+}
+
+// w_bits: BF16 bits (from half_exact_weights); uploaded as BF16, as F16 or widened to F32.
+testing::DeviceTensor upload_weight(Backend& b, int64_t m, int64_t k, const std::vector<uint16_t>& w_bits, DType dt) {
+  std::vector<float> wf(w_bits.size());
+  for (size_t i = 0; i < wf.size(); ++i) wf[i] = bf16_to_f32(w_bits[i]);
+  if (dt == DType::F32) return testing::make_f32(b, {m, k}, wf);
+  std::vector<uint16_t> bits = w_bits;
+  if (dt == DType::F16) {
+    for (size_t i = 0; i < bits.size(); ++i) {
+      bits[i] = f32_to_f16(wf[i]);
+      EXPECT_EQ(f16_to_f32(bits[i]), wf[i]) << "test weight " << i << " (" << wf[i] << ") is not exact in FP16";
+    }
+  }
+  testing::DeviceTensor wt;
+  auto buf = b.alloc(bits.size() * 2, BufferUsage::Weights);
+  EXPECT_TRUE(buf.ok()) << buf.status().to_string();
+  if (!buf.ok()) return wt;
+  wt.buffer = buf.value();
+  wt.t = Tensor::contiguous(wt.buffer.get(), 0, dt, {m, k});
+  const Status s = b.upload(wt.t, bits.data(), bits.size() * 2);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return wt;
+}
 
 std::vector<float> run_matmul(Backend& b, int64_t n, int64_t k, int64_t m, const std::vector<float>& x,
                               const std::vector<uint16_t>& w_bits, DType w_dtype, const std::vector<float>& bias) {
   using testing::make_f32;
   testing::DeviceTensor xt = make_f32(b, {n, k}, x);
-  testing::DeviceTensor wt;
-  if (w_dtype == DType::BF16) {
-    auto buf = b.alloc(w_bits.size() * 2, BufferUsage::Weights);
-    EXPECT_TRUE(buf.ok()) << buf.status().to_string();
-    if (!buf.ok()) return {};
-    wt.buffer = buf.value();
-    wt.t = Tensor::contiguous(wt.buffer.get(), 0, DType::BF16, {m, k});
-    const Status s = b.upload(wt.t, w_bits.data(), w_bits.size() * 2);
-    EXPECT_TRUE(s.ok()) << s.to_string();
-  } else {
-    std::vector<float> wf(w_bits.size());
-    for (size_t i = 0; i < wf.size(); ++i) wf[i] = bf16_to_f32(w_bits[i]);
-    wt = make_f32(b, {m, k}, wf);
-  }
+  testing::DeviceTensor wt = upload_weight(b, m, k, w_bits, w_dtype);
+  if (!wt.buffer) return {};
   testing::DeviceTensor bt = make_f32(b, {m}, bias);
   testing::DeviceTensor ot = make_f32(b, {n, m});
   const Status s = b.matmul(xt.t, wt.t, bias.empty() ? Tensor{} : bt.t, ot.t);
@@ -226,56 +268,82 @@ std::vector<float> run_matmul(Backend& b, int64_t n, int64_t k, int64_t m, const
   return testing::read_f32(b, ot.t);
 }
 
-TEST(CudaMatmul, Bf16WeightsMatchWidenedReference) {
+double nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    ref += double(want[i]) * want[i];
+  }
+  return err / ref;
+}
+
+TEST(CudaMatmul, HalfWeightsMatchWidenedReference) {
   KEV_CUDA_OR_SKIP(gpu, true);
   struct Shape {
     int64_t n, k, m;
     bool bias;
   };
+  const std::shared_ptr<Backend> rounded = cuda_backend_with(CudaGemm::BF16);
+  ASSERT_TRUE(rounded);
   for (const Shape& s : {Shape{33, 1024, 3584, false}, Shape{7, 2560, 256, true}, Shape{1, 1024, 300, false},
                          Shape{130, 1024, 67, true}}) {
     const std::vector<float> x = testing::randn(static_cast<size_t>(s.n * s.k), 1.0f, 11);
-    const std::vector<float> wf = testing::randn(static_cast<size_t>(s.m * s.k), 0.03f, 12);
-    std::vector<uint16_t> w(wf.size());
-    for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]);
+    const std::vector<uint16_t> w = half_exact_weights(static_cast<size_t>(s.m * s.k), 0.03f, 12);
     const std::vector<float> bias = s.bias ? testing::randn(static_cast<size_t>(s.m), 1.0f, 13) : std::vector<float>{};
-    const std::vector<float> got = run_matmul(*gpu, s.n, s.k, s.m, x, w, DType::BF16, bias);
     const std::vector<float> want = run_matmul(cpu_reference(), s.n, s.k, s.m, x, w, DType::F32, bias);
-    ASSERT_EQ(got.size(), want.size());
-    double err = 0, ref = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-      ref += double(want[i]) * want[i];
-    }
-    EXPECT_LE(err / ref, matmul_tolerance(DType::BF16)) << "n=" << s.n << " k=" << s.k << " m=" << s.m;
+    // The default backend: F16 weights (x row-scaled to FP16) and BF16 weights (x as two halves).
+    const std::vector<float> f16 = run_matmul(*gpu, s.n, s.k, s.m, x, w, DType::F16, bias);
+    EXPECT_LE(nmse(f16, want), matmul_tolerance(Mode::F16)) << "f16 n=" << s.n << " k=" << s.k << " m=" << s.m;
+    const std::vector<float> x2 = run_matmul(*gpu, s.n, s.k, s.m, x, w, DType::BF16, bias);
+    EXPECT_LE(nmse(x2, want), matmul_tolerance(Mode::Bf16x2)) << "bf16x2 n=" << s.n << " k=" << s.k << " m=" << s.m;
+    const std::vector<float> r = run_matmul(*rounded, s.n, s.k, s.m, x, w, DType::BF16, bias);
+    EXPECT_LE(nmse(r, want), matmul_tolerance(Mode::Bf16)) << "bf16 n=" << s.n << " k=" << s.k << " m=" << s.m;
     // The same weights as F32 on the GPU: no input rounding, the FP32 bound.
     const std::vector<float> got32 = run_matmul(*gpu, s.n, s.k, s.m, x, w, DType::F32, bias);
-    err = 0;
-    for (size_t i = 0; i < got32.size(); ++i) err += (double(got32[i]) - want[i]) * (double(got32[i]) - want[i]);
-    EXPECT_LE(err / ref, matmul_tolerance(DType::F32)) << "f32 n=" << s.n << " k=" << s.k << " m=" << s.m;
+    EXPECT_LE(nmse(got32, want), kTolReduction) << "f32 n=" << s.n << " k=" << s.k << " m=" << s.m;
   }
 }
 
-// Consecutive BF16 matmuls of one input share its BF16 copy (cuda_backend.cpp); an op that writes the
-// input in between must make the next matmul convert again. x doubled is exact in BF16 and in the
-// product, so the third result is exactly twice the first; the shared second matches a lone run.
-TEST(CudaMatmul, ConsecutiveProjectionsShareTheInputCopyUntilItChanges) {
+// F16 inputs: rows far beyond FP16's range (65,504) or far below its normals are scaled by a power of
+// two before rounding and scaled back after the GEMM, so every row keeps FP16's relative precision
+// (unscaled, the 1e6 rows would be infinite and the 1e-6 rows would keep ~4 bits).
+// Row r holds x · 10^(r mod 13 − 6): 1e-6 ... 1e6.
+TEST(CudaMatmul, F16InputsKeepEveryRowsMagnitude) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  const int64_t n = 26, k = 512, m = 96;
+  std::vector<float> x = testing::randn(static_cast<size_t>(n * k), 1.0f, 31);
+  for (int64_t r = 0; r < n; ++r) {
+    const float mag = std::pow(10.0f, static_cast<float>(r % 13 - 6));
+    for (int64_t j = 0; j < k; ++j) x[r * k + j] *= mag;
+  }
+  const std::vector<uint16_t> w = half_exact_weights(static_cast<size_t>(m * k), 0.05f, 32);
+  // No bias: it would dominate the small rows' products and hide their precision.
+  const std::vector<float> bias;
+  const std::vector<float> got = run_matmul(*gpu, n, k, m, x, w, DType::F16, bias);
+  const std::vector<float> want = run_matmul(cpu_reference(), n, k, m, x, w, DType::F32, bias);
+  ASSERT_EQ(got.size(), want.size());
+  for (int64_t r = 0; r < n; ++r) {
+    // Per row, since the rows' magnitudes differ by 12 orders.
+    const std::vector<float> g(got.begin() + r * m, got.begin() + (r + 1) * m);
+    const std::vector<float> e(want.begin() + r * m, want.begin() + (r + 1) * m);
+    EXPECT_LE(nmse(g, e), matmul_tolerance(Mode::F16)) << "row " << r << " (|x| ~ 1e" << (r % 13 - 6) << ")";
+    for (float v : g) ASSERT_TRUE(std::isfinite(v)) << "row " << r;
+  }
+}
+
+// Consecutive 16-bit matmuls of one input share its 16-bit copy (cuda_backend.cpp); an op that writes
+// the input in between must make the next matmul convert again. x doubled is exact in BF16 and FP16
+// (with the same row scales doubled) and in the product, so the third result is exactly twice the
+// first; the shared second matches a lone run. Both weight dtypes.
+class CudaMatmulShare : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaMatmulShare, ConsecutiveProjectionsShareTheInputCopyUntilItChanges) {
   KEV_CUDA_OR_SKIP(gpu, true);
   using testing::make_f32;
   const int64_t n = 37, k = 256, m = 96;
   auto weights = [&](uint64_t seed) {
-    const std::vector<float> wf = testing::randn(static_cast<size_t>(m * k), 0.05f, seed);
-    std::vector<uint16_t> bits(wf.size());
-    for (size_t i = 0; i < bits.size(); ++i) bits[i] = f32_to_bf16(wf[i]);
-    testing::DeviceTensor w;
-    auto buf = gpu->alloc(bits.size() * 2, BufferUsage::Weights);
-    EXPECT_TRUE(buf.ok()) << buf.status().to_string();
-    if (!buf.ok()) return w;
-    w.buffer = buf.value();
-    w.t = Tensor::contiguous(w.buffer.get(), 0, DType::BF16, {m, k});
-    const Status st = gpu->upload(w.t, bits.data(), bits.size() * 2);
-    EXPECT_TRUE(st.ok()) << st.to_string();
-    return w;
+    return upload_weight(*gpu, m, k, half_exact_weights(static_cast<size_t>(m * k), 0.05f, seed), GetParam());
   };
   const testing::DeviceTensor w1 = weights(21), w2 = weights(22);
   ASSERT_TRUE(w1.buffer && w2.buffer);
@@ -299,11 +367,14 @@ TEST(CudaMatmul, ConsecutiveProjectionsShareTheInputCopyUntilItChanges) {
   EXPECT_EQ(std::memcmp(r2.data(), r2_lone.data(), r2.size() * 4), 0) << "the shared copy changed the product";
   size_t wrong = 0;
   for (size_t i = 0; i < r1.size(); ++i) wrong += r3[i] != 2.0f * r1[i];
-  EXPECT_EQ(wrong, 0u) << "the matmul after the input changed used a stale BF16 copy";
+  EXPECT_EQ(wrong, 0u) << "the matmul after the input changed used a stale 16-bit copy";
   double norm = 0;
   for (float v : r1) norm += double(v) * v;
   EXPECT_GT(norm, 0.0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaMatmulShare, ::testing::Values(DType::BF16, DType::F16),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
 // ---- graph replay -----------------------------------------------------------------------------------
 
@@ -528,7 +599,14 @@ TEST(CudaSupports, RefusesWhatTheKernelsCannotRun) {
   const Tensor x = shape_only(DType::F32, {4, 8}), out = shape_only(DType::F32, {4, 6});
   EXPECT_TRUE(b.supports({OpKind::Matmul, {x, shape_only(DType::BF16, {6, 8}), Tensor{}, out}}));
   EXPECT_TRUE(b.supports({OpKind::Matmul, {x, shape_only(DType::F32, {6, 8}), Tensor{}, out}}));
-  EXPECT_FALSE(b.supports({OpKind::Matmul, {x, shape_only(DType::F16, {6, 8}), Tensor{}, out}}));
+  // F16 weights only in the (default) f16 GEMM mode, which is what makes the engine convert to them.
+  EXPECT_TRUE(b.supports({OpKind::Matmul, {x, shape_only(DType::F16, {6, 8}), Tensor{}, out}}));
+  BackendOptions o_x2 = o;
+  o_x2.cuda_gemm = CudaGemm::BF16x2;
+  auto r_x2 = create_backend("cuda", o_x2);
+  ASSERT_TRUE(r_x2.ok()) << r_x2.status().to_string();
+  EXPECT_FALSE(r_x2.value()->supports({OpKind::Matmul, {x, shape_only(DType::F16, {6, 8}), Tensor{}, out}}));
+  EXPECT_TRUE(r_x2.value()->supports({OpKind::Matmul, {x, shape_only(DType::BF16, {6, 8}), Tensor{}, out}}));
   EXPECT_FALSE(b.supports({OpKind::Matmul, {x, shape_only(DType::F32, {6, 7}), Tensor{}, out}}));
   // GDN: per-head padded q/k views are accepted (the backend copies them to contiguous scratch), a
   // value-head count that is not a multiple of the key heads is not.

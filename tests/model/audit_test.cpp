@@ -81,13 +81,14 @@ TEST(OpAudit, ListsOperandShapesOfTheConfiguration) {
   shape.row_tokens = 5;
   auto audit = audit_ops(ck->config, ck->meta.pointer_dim, "fp32", "cpu", shape);
   ASSERT_TRUE(audit.ok()) << audit.status().to_string();
-  // in_proj_qkv of the state pass: x [9,64] · W [256,64]ᵀ -> [9,256]; the head in the score pass.
+  // The stacked GDN input projections of the state pass (in_proj_qkv 256 + z 128 + b 4 + a 4 rows):
+  // x [9,64] · W [392,64]ᵀ -> [9,392]; the head in the score pass.
   auto has = [&](const std::string& pass, OpKind op, const std::string& operands) {
     return std::any_of(audit->ops.begin(), audit->ops.end(), [&](const AuditedOp& o) {
       return o.pass == pass && o.op == op && o.operands == operands;
     });
   };
-  EXPECT_TRUE(has("prefill", OpKind::Matmul, "f32[9,64], f32[256,64], -, f32[9,256]")) << format_audit(*audit);
+  EXPECT_TRUE(has("prefill", OpKind::Matmul, "f32[9,64], f32[392,64], -, f32[9,392]")) << format_audit(*audit);
   EXPECT_TRUE(has("score", OpKind::Embedding, "f32[1033,64], i32[10], f32[10,64]")) << format_audit(*audit);
   EXPECT_TRUE(has("score", OpKind::PointerLogits, "f32[2,256], f32[4,256], i32[4], f32[4]")) << format_audit(*audit);
   const std::string text = format_audit(*audit);

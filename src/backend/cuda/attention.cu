@@ -1,5 +1,5 @@
 // Causal grouped-query attention over a shared read-only prefix K/V plus each packed sequence's own
-// keys (the Attention op), flash-attention style in FP32.
+// keys (the Attention op), flash-attention style, both products on tensor cores at FP32 accuracy.
 //
 // Math. For query token t of sequence r (tokens [b_r, e_r) of the packed pass) and query head h
 // (KV head h / (H/Hkv)):
@@ -7,8 +7,15 @@
 // over the keys s = all prefix_len prefix keys, then the sequence's own keys b_r..t (inclusive).
 // The scale is applied here (scale · q·k); unlike the GDN kernel, q arrives unscaled.
 // Online softmax per query row: running max m and sum l; each key tile rescales the accumulator by
-// e^{m_old − m_new}. FP32 operands, FP32 accumulation and exp (expf, not the fast intrinsic): no
-// TF32/BF16.
+// e^{m_old − m_new}, in FP32 with expf (not the fast intrinsic).
+// Products (S = Q·Kᵀ, O += P·V) run as 3xTF32 on mma.sync.m16n8k8: each FP32 operand is split into
+// a = a_hi + a_lo with a_hi = tf32(a), a_lo = tf32(a − a_hi) (round to nearest), and the tensor cores
+// accumulate a_hi·b_hi and, in a second accumulator, a_lo·b_hi + a_hi·b_lo in FP32. The dropped
+// a_lo·b_lo term and the rounding of a_lo leave a relative error near 2^-21 per product, the order of
+// FP32's own rounding; plain TF32 (2^-11) would not hold the end-to-end tolerance. The tensor cores'
+// accumulation truncates, so no accumulator runs long: scores sum 64 dimensions and P·V 8 keys at a
+// time from zero, and those partial sums are added in FP32 (round to nearest).
+// Operands are split as fragments are read from shared memory (FP32 there).
 //
 // Layout. q, out [n, H, hd] with token / head strides; k, v [n, Hkv, hd] with token / head strides;
 // prefix_k, prefix_v [prefix_len, Hkv, hd] contiguous. All strides in elements.
@@ -16,27 +23,33 @@
 // Launch. A block owns the query rows of one KV head kvh and a tile of T = floor(64 / G) consecutive
 // packed tokens (G = H/Hkv query heads per KV head): row ρ is token q0 + ρ / G, head kvh·G + ρ % G, so
 // the G heads sharing a KV head read each K/V tile once. Grid (ceil(n_tokens / T), Hkv, S), 256
-// threads; tiles are visited last-first (blockIdx.x reversed) so a causal prefill's long rows start
-// first. Key splits (flash-decoding): Kev's passes have few query tiles (250 tokens, Hkv = 2: 32
-// blocks on a 132-SM GPU), so when ceil(n_tokens / T)·Hkv is under two blocks per SM the block's key
-// tiles are split evenly over S = attention_split_count() blocks (blockIdx.z; the backend stores S
-// in the args when it records the op). Each then writes its rows'
-// unnormalised output and running (max, sum) to the workspace, and a combine kernel (one 64-thread
-// block per (token, head)) merges them: m = max_s m_s, out = Σ_s e^{m_s−m} O_s / Σ_s e^{m_s−m} l_s.
-// A split that saw no visible key for a row contributes m_s = −inf, l_s = 0, O_s = 0. S depends only
-// on n_tokens, H, Hkv, prefix_len and the device's SM count; the workspace holds S·n_tokens·H·(hd + 2)
-// floats when S > 1 (none at S = 1, where the block writes the normalised output itself). A tile may span sequences: each row finds its sequence start in `offsets` (seq_start)
-// and the block walks the own-key range [start of its first token's sequence, its last token],
-// masking key s for row (t, b_t) unless b_t <= s <= t. Prefix keys are visible to every valid row.
-// Per key tile of 32 keys: load K | scores (thread: 2 rows × 4 keys), masking, online-softmax update
-// with row max / sum over 8 lanes | load V | O += P·V (thread: 4 rows × hd/16 columns, in registers).
-// K and V are staged through one buffer of 128 columns (hd = 256 in two halves). Shared memory at
-// hd = 256: Q 64×260 + K/V 32×132 + P 64×33 floats + row data = 90.75 KiB (58.75 at hd 128, 34.75 at
-// 64), so two blocks per SM on sm_80/sm_90 (128 registers per thread) and one on sm_86/sm_89. The
-// grid never depends on the offsets' values.
+// threads (8 warps); tiles are visited last-first (blockIdx.x reversed) so a causal prefill's long
+// rows start first. Key splits (flash-decoding): Kev's passes have few query tiles (250 tokens,
+// Hkv = 2: 32 blocks on a 132-SM GPU), so when ceil(n_tokens / T)·Hkv is under two blocks per SM the
+// block's key tiles are split evenly over S = attention_split_count() blocks (blockIdx.z; the backend
+// stores S in the args when it records the op). Each then writes its rows' unnormalised output and
+// running (max, sum) to the workspace, and a combine kernel (one 64-thread block per (token, head))
+// merges them: m = max_s m_s, out = Σ_s e^{m_s−m} O_s / Σ_s e^{m_s−m} l_s. A split that saw no visible
+// key for a row contributes m_s = −inf, l_s = 0, O_s = 0. S depends only on n_tokens, H, Hkv,
+// prefix_len and the device's SM count; the workspace holds S·n_tokens·H·(hd + 2) floats when S > 1
+// (none at S = 1, where the block writes the normalised output itself). A tile may span sequences:
+// each row finds its sequence start in `offsets` (seq_start) and the block walks the own-key range
+// [start of its first token's sequence, its last token], masking key s for row (t, b_t) unless
+// b_t <= s <= t. Prefix keys are visible to every valid row. Per key tile of 32 keys:
+//   load K | S = Q·Kᵀ (warp w: rows 16·(w%4).., keys 16·(w/4).., two m16n8 tiles) → scaled scores
+//   in P | masking and online-softmax update (thread: 2 rows × 4 keys, row max / sum over 8 lanes)
+//   while V loads | O = diag(α)·O + P·V (warp w: rows 16·(w%4).., half of each staged column block,
+//   in registers in the m16n8 accumulator layout; the warp's P fragments are split once per column
+//   block).
+// K and V are staged through one buffer of kKW = min(hd, 128) columns (hd = 256 in two halves); K rows
+// are padded to kKW + 4 floats and V rows to kKW + 8 so that the fragment reads (K: key-major, V:
+// key-minor) hit 32 distinct banks. Shared memory at hd = 256: Q 64×260 + K/V 32×136 + P 64×36 floats
+// + row data = 92 KiB (60 at hd 128, 36 at 64), under the 99 KiB per-block limit of sm_86/sm_89, and
+// two blocks per SM on sm_80/sm_90 (128 registers per thread). The grid never depends on the offsets'
+// values.
 // Preconditions (attention_supported): hd ∈ {64, 128, 256}, Hkv >= 1 divides H, G = H/Hkv <= 64,
-// Hkv <= 65535. Global loads and stores use float4 when every base pointer is 16-byte aligned and
-// every stride a multiple of 4, scalar accesses otherwise.
+// Hkv <= 65535; sm_80 or newer (TF32 mma). Global loads and stores use float4 (output float2) when
+// every base pointer is 16-byte aligned and every stride a multiple of 4, scalar accesses otherwise.
 #include "backend/cuda/attention.cuh"
 
 #include <cuda_runtime.h>
@@ -45,6 +58,10 @@
 
 #include "backend/cuda/device_math.cuh"
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "attention.cu needs sm_80 or newer (mma.sync .tf32): set CMAKE_CUDA_ARCHITECTURES to 80 or above"
+#endif
+
 namespace kev::cuda {
 
 namespace {
@@ -52,35 +69,40 @@ namespace {
 constexpr int kRows = 64;     // query rows per block
 constexpr int kKeys = 32;     // keys per tile
 constexpr int kThreads = 256;
+constexpr int kWarpRows = 16;  // one m16 tile of rows per warp; kRows / kWarpRows = 4 row groups
+// Q·Kᵀ runs over hd in blocks of this many dimensions, each summed by the tensor cores from zero and
+// then added to the score in FP32, so a truncating accumulator never carries more than 8 k-steps.
+constexpr int kDotBlock = 64;
+// P·V likewise sums kPvKeys keys (one k-step) from zero before adding them to O in FP32.
+constexpr int kPvKeys = 8;
 constexpr int kMaxGridY = 65535;
 constexpr int kMaxSplits = 16;
 constexpr int kCombineThreads = 64;
+static_assert(kThreads / 32 == 2 * (kRows / kWarpRows), "two warps per row group (keys or columns halved)");
 
 template <int HD>
 struct AttnLayout {
   // K and V tiles are staged kKW columns at a time (hd 256: two halves), which keeps the block
   // under the 99 KiB per-block limit of sm_86/sm_89 and lets two blocks share an sm_80/sm_90 SM.
   static constexpr int kKW = HD > 128 ? 128 : HD;
-  static constexpr int kLdQ = HD + 4;         // float4 aligned; +4 puts consecutive rows on distinct banks
-  static constexpr int kLdKV = kKW + 4;
-  static constexpr int kLdP = kKeys + 1;
+  // Row strides ≡ 4 (mod 32) make a fragment read (lane: row g = lane/4, column t = lane%4) touch 32
+  // distinct banks; V is read with rows and columns swapped (row t, column g), hence ≡ 8.
+  static constexpr int kLdQ = HD + 4;
+  static constexpr int kLdK = kKW + 4;
+  static constexpr int kLdV = kKW + 8;
+  static constexpr int kLdP = kKeys + 4;
   static constexpr int kQ = 0;
   static constexpr int kKV = kQ + kRows * kLdQ;
-  static constexpr int kP = kKV + kKeys * kLdKV;
+  static constexpr int kP = kKV + kKeys * kLdV;
   static constexpr int kAlpha = kP + kRows * kLdP;
   static constexpr int kL = kAlpha + kRows;
   static constexpr int kFloats = kL + kRows;
   static constexpr size_t kBytes = kFloats * sizeof(float) + 2 * kRows * sizeof(int);  // + row_lo, row_hi
-  static_assert(kKV % 4 == 0, "float4 alignment");
+  static_assert(kKV % 4 == 0 && kP % 4 == 0, "float4 / float2 alignment");
   static_assert(kBytes <= 99 * 1024, "shared memory exceeds the smallest supported per-block limit");
 };
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-
-// acc + a·b as four dependent FMAs (the plain expression compiles to a multiply, three FMAs and an add).
-__device__ __forceinline__ float fma4(const float4& a, const float4& b, float acc) {
-  return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
-}
 
 // Copies `rows` rows of W floats into shared rows of stride ld; src(i) is row i's global address
 // (already offset to the first column) or null for a zero row.
@@ -101,11 +123,65 @@ __device__ __forceinline__ void load_rows(float* dst, int ld, int rows, bool vec
   }
 }
 
+// x = hi + lo with hi = tf32(x) and lo = tf32(x − hi), both rounded to nearest (3xTF32).
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+
+// d += a·b for one m16n8k8 tile, TF32 operands, FP32 accumulation.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The 3xTF32 product: a_hi·b_hi into `big`, the cross terms into `small`. The tensor cores' FP32
+// accumulation truncates; keeping the cross terms (2^-11 of the total) apart takes them out of the
+// large accumulator's rounding, and callers keep each accumulator short (see kDotBlock) and add the
+// two in FP32.
+__device__ __forceinline__ void mma_3xtf32(float (&big)[4], float (&small)[4], const uint32_t (&a_hi)[4],
+                                           const uint32_t (&a_lo)[4], const uint32_t (&b_hi)[2],
+                                           const uint32_t (&b_lo)[2]) {
+  mma_tf32(small, a_lo, b_hi);
+  mma_tf32(small, a_hi, b_lo);
+  mma_tf32(big, a_hi, b_hi);
+}
+
+// The A fragment (16 × 8, row-major at m with stride ld) of lane (g, t) = (lane / 4, lane % 4):
+// a0 = m[g][t], a1 = m[g+8][t], a2 = m[g][t+4], a3 = m[g+8][t+4] (PTX ISA, m16n8k8 .tf32).
+__device__ __forceinline__ void load_a(const float* m, int ld, int g, int t, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+  split_tf32(m[g * ld + t], hi[0], lo[0]);
+  split_tf32(m[(g + 8) * ld + t], hi[1], lo[1]);
+  split_tf32(m[g * ld + t + 4], hi[2], lo[2]);
+  split_tf32(m[(g + 8) * ld + t + 4], hi[3], lo[3]);
+}
+
+// The B fragment (8 × 8) of lane (g, t): b0 = B[t][g] at p, b1 = B[t+4][g] at p + step.
+__device__ __forceinline__ void load_b(const float* p, int step, uint32_t (&hi)[2], uint32_t (&lo)[2]) {
+  split_tf32(p[0], hi[0], lo[0]);
+  split_tf32(p[step], hi[1], lo[1]);
+}
+
+// Stores an accumulator pair (two adjacent columns of one row).
+__device__ __forceinline__ void store2(float* dst, float x, float y, bool vec) {
+  if (vec) {
+    *reinterpret_cast<float2*>(dst) = make_float2(x, y);
+  } else {
+    dst[0] = x;
+    dst[1] = y;
+  }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 2)
     attention_kernel(AttentionArgs a, int tokens_per_tile, bool vec, float* part_o, float2* part_ml) {
   using Lay = AttnLayout<HD>;
-  constexpr int LDQ = Lay::kLdQ, LDKV = Lay::kLdKV, LDP = Lay::kLdP, KW = Lay::kKW, NV = HD / 64, NVH = KW / 64;
+  constexpr int LDQ = Lay::kLdQ, LDK = Lay::kLdK, LDV = Lay::kLdV, LDP = Lay::kLdP, KW = Lay::kKW;
+  constexpr int NC = HD / KW;   // staged column blocks of K and V
+  constexpr int NT = KW / 16;   // m16n8 output tiles per warp per column block (half of KW)
+  static_assert(KW % kDotBlock == 0, "score blocks tile the staged columns");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* base = reinterpret_cast<float*>(smem_raw);
   float* Qs = base + Lay::kQ;
@@ -146,12 +222,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t n_tiles = n_prefix_tiles + (own_hi - own_lo + kKeys) / kKeys;
   const int64_t kt_begin = n_tiles * split / n_splits, kt_end = n_tiles * (split + 1) / n_splits;
 
-  // Score-phase mapping: rows sr, sr + 1; keys skey + 8m. The 8 lanes of a row pair are adjacent.
+  // Tensor-core mapping: warp w owns rows rb..rb+15; for S the keys kb..kb+15, for O the columns
+  // cb..cb+KW/2−1 of each staged block. Lane (g, t) holds rows rb+g and rb+g+8.
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int rb = kWarpRows * (warp & 3), kb = 16 * (warp >> 2), cb = (KW / 2) * (warp >> 2);
+  // Softmax mapping: rows sr, sr + 1; keys skey + 8m. The 8 lanes of a row pair are adjacent.
   const int sr = 2 * (tid >> 3), skey = tid & 7;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  // Output mapping: rows orow..orow+3; columns ocol + 64v (+0..3).
-  const int orow = 4 * (tid >> 4), ocol = 4 * (tid & 15);
-  float o[4][NV][4] = {};
+  float o[NC][NT][4] = {};
 
   for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
     const bool prefix = kt < n_prefix_tiles;
@@ -164,104 +242,135 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (prefix) return pbase + s * hstride + static_cast<int64_t>(kvh) * HD;
       return obase + s * a.kv_token_stride + static_cast<int64_t>(kvh) * a.kv_head_stride;
     };
-    // ---- scores, kKW columns of K at a time ----
+    // ---- S = Q·Kᵀ, KW columns of K at a time ----
     {
-      float acc[2][4] = {};
-      for (int c0 = 0; c0 < HD; c0 += KW) {
-        load_rows<KW>(KVs, LDKV, kKeys, vec, [&](int i) {
+      float sacc[2][4] = {};
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        if (c > 0) __syncthreads();  // the previous K columns are consumed
+        load_rows<KW>(KVs, LDK, kKeys, vec, [&](int i) {
           const float* p = key_row(a.prefix_k, a.k, i);
-          return p != nullptr ? p + c0 : nullptr;
+          return p != nullptr ? p + c * KW : nullptr;
         });
         __syncthreads();
-#pragma unroll 4
-        for (int d = 0; d < KW; d += 4) {
-          const float4 q0v = ld4(Qs + sr * LDQ + c0 + d), q1v = ld4(Qs + (sr + 1) * LDQ + c0 + d);
+        const float* qa = Qs + rb * LDQ + c * KW;
+        for (int d0 = 0; d0 < KW; d0 += kDotBlock) {
+          float big[2][4] = {}, small[2][4] = {};
+#pragma unroll 2
+          for (int k0 = d0; k0 < d0 + kDotBlock; k0 += 8) {
+            uint32_t a_hi[4], a_lo[4];
+            load_a(qa + k0, LDQ, g, t4, a_hi, a_lo);
 #pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            const float4 kv = ld4(KVs + (skey + 8 * m) * LDKV + d);
-            acc[0][m] = fma4(q0v, kv, acc[0][m]);
-            acc[1][m] = fma4(q1v, kv, acc[1][m]);
+            for (int j = 0; j < 2; ++j) {
+              uint32_t b_hi[2], b_lo[2];
+              load_b(KVs + (kb + 8 * j + g) * LDK + k0 + t4, 4, b_hi, b_lo);
+              mma_3xtf32(big[j], small[j], a_hi, a_lo, b_hi, b_lo);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sacc[j][e] += big[j][e] + small[j][e];
           }
         }
-        __syncthreads();  // the K columns are consumed: the buffer is reloaded
       }
-      // ---- masking and the online-softmax update ----
 #pragma unroll
-      for (int ii = 0; ii < 2; ++ii) {
-        // Read from shared memory per tile rather than held in registers across the loop (spills).
-        const int lo = row_lo[sr + ii], hi = row_hi[sr + ii];
-        float sc[4], mx = -INFINITY;
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const int64_t s = s0 + skey + 8 * m;
-          const bool visible = lo <= hi && s < s_end && (prefix || (s >= lo && s <= hi));
-          sc[m] = visible ? acc[ii][m] * a.scale : -INFINITY;
-          mx = fmaxf(mx, sc[m]);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        const float m_new = fmaxf(m_run[ii], mx);
-        // A row with no visible key so far keeps m = −inf: its p and rescale must not become NaN.
-        const bool none = m_new == -INFINITY;
-        const float alpha = none ? 1.0f : expf(m_run[ii] - m_new);
-        float sum = 0.0f;
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const float p = none ? 0.0f : expf(sc[m] - m_new);
-          Ps[(sr + ii) * LDP + skey + 8 * m] = p;
-          sum += p;
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-        l_run[ii] = l_run[ii] * alpha + sum;
-        m_run[ii] = m_new;
-        if (skey == 0) alpha_s[sr + ii] = alpha;
+      for (int j = 0; j < 2; ++j) {
+        float* ps = Ps + (rb + g) * LDP + kb + 8 * j + 2 * t4;
+        store2(ps, sacc[j][0] * a.scale, sacc[j][1] * a.scale, true);
+        store2(ps + 8 * LDP, sacc[j][2] * a.scale, sacc[j][3] * a.scale, true);
       }
     }
-    __syncthreads();  // P and alpha are complete
+    __syncthreads();  // the scores are complete and the K columns consumed
 
-    // ---- O = diag(alpha) O + P V, kKW columns of V at a time ----
+    // V's first column block loads while the softmax runs (disjoint shared memory).
+    load_rows<KW>(KVs, LDV, kKeys, vec, [&](int i) { return key_row(a.prefix_v, a.v, i); });
+    // ---- masking and the online-softmax update ----
 #pragma unroll
-    for (int ii = 0; ii < 4; ++ii) {
-      const float al = alpha_s[orow + ii];
+    for (int ii = 0; ii < 2; ++ii) {
+      // Read from shared memory per tile rather than held in registers across the loop (spills).
+      const int lo = row_lo[sr + ii], hi = row_hi[sr + ii];
+      float* prow = Ps + (sr + ii) * LDP;
+      float sc[4], mx = -INFINITY;
 #pragma unroll
-      for (int v = 0; v < NV; ++v) {
+      for (int m = 0; m < 4; ++m) {
+        const int64_t s = s0 + skey + 8 * m;
+        const bool visible = lo <= hi && s < s_end && (prefix || (s >= lo && s <= hi));
+        sc[m] = visible ? prow[skey + 8 * m] : -INFINITY;
+        mx = fmaxf(mx, sc[m]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      const float m_new = fmaxf(m_run[ii], mx);
+      // A row with no visible key so far keeps m = −inf: its p and rescale must not become NaN.
+      const bool none = m_new == -INFINITY;
+      const float alpha = none ? 1.0f : expf(m_run[ii] - m_new);
+      float sum = 0.0f;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) o[ii][v][c] *= al;
+      for (int m = 0; m < 4; ++m) {
+        const float p = none ? 0.0f : expf(sc[m] - m_new);
+        prow[skey + 8 * m] = p;
+        sum += p;
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      l_run[ii] = l_run[ii] * alpha + sum;
+      m_run[ii] = m_new;
+      if (skey == 0) alpha_s[sr + ii] = alpha;
+    }
+    __syncthreads();  // P, alpha and the first V columns are complete
+
+    // ---- O = diag(alpha) O + P V, KW columns of V at a time ----
+    {
+      const float al0 = alpha_s[rb + g], al1 = alpha_s[rb + g + 8];
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          o[c][j][0] *= al0;
+          o[c][j][1] *= al0;
+          o[c][j][2] *= al1;
+          o[c][j][3] *= al1;
+        }
       }
     }
 #pragma unroll
-    for (int half = 0; half < HD / KW; ++half) {
-      if (half > 0) __syncthreads();  // the previous V columns are consumed
-      load_rows<KW>(KVs, LDKV, kKeys, vec, [&](int i) {
-        const float* p = key_row(a.prefix_v, a.v, i);
-        return p != nullptr ? p + half * KW : nullptr;
-      });
-      __syncthreads();
-#pragma unroll 4
-      for (int j = 0; j < kKeys; ++j) {
-        float p[4];
+    for (int c = 0; c < NC; ++c) {
+      if (c > 0) {
+        __syncthreads();  // the previous V columns are consumed
+        load_rows<KW>(KVs, LDV, kKeys, vec, [&](int i) {
+          const float* p = key_row(a.prefix_v, a.v, i);
+          return p != nullptr ? p + c * KW : nullptr;
+        });
+        __syncthreads();
+      }
 #pragma unroll
-        for (int ii = 0; ii < 4; ++ii) p[ii] = Ps[(orow + ii) * LDP + j];
+      for (int k0 = 0; k0 < kKeys; k0 += kPvKeys) {
+        // The warp's P fragments for kPvKeys keys, split once and reused for every output tile.
+        uint32_t p_hi[kPvKeys / 8][4], p_lo[kPvKeys / 8][4];
 #pragma unroll
-        for (int vh = 0; vh < NVH; ++vh) {
-          const float4 vv = ld4(KVs + j * LDKV + ocol + 64 * vh);
-          const int v = half * NVH + vh;
+        for (int k = 0; k < kPvKeys / 8; ++k) load_a(Ps + rb * LDP + k0 + 8 * k, LDP, g, t4, p_hi[k], p_lo[k]);
 #pragma unroll
-          for (int ii = 0; ii < 4; ++ii) {
-            o[ii][v][0] += p[ii] * vv.x;
-            o[ii][v][1] += p[ii] * vv.y;
-            o[ii][v][2] += p[ii] * vv.z;
-            o[ii][v][3] += p[ii] * vv.w;
+        for (int j = 0; j < NT; ++j) {
+          float big[4] = {}, small[4] = {};
+#pragma unroll
+          for (int k = 0; k < kPvKeys / 8; ++k) {
+            uint32_t b_hi[2], b_lo[2];
+            load_b(KVs + (k0 + 8 * k + t4) * LDV + cb + 8 * j + g, 4 * LDV, b_hi, b_lo);
+            mma_3xtf32(big, small, p_hi[k], p_lo[k], b_hi, b_lo);
           }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[c][j][e] += big[e] + small[e];
         }
       }
     }
     __syncthreads();  // V, P and alpha are rewritten by the next tile
   }
 
+  // Lane (g, t) holds, per column block c and tile j, columns c·KW + cb + 8j + 2t (+1) of rows rb + g
+  // (o[..][0..1]) and rb + g + 8 (o[..][2..3]).
   if (part_o != nullptr) {
     // A partial result: unnormalised rows and their (max, sum), merged by the combine kernel.
     const int64_t split_base = static_cast<int64_t>(split) * a.n_tokens * a.H;
@@ -275,15 +384,15 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
 #pragma unroll
-    for (int ii = 0; ii < 4; ++ii) {
-      const int row = orow + ii;
+    for (int half = 0; half < 2; ++half) {
+      const int row = rb + g + 8 * half;
       if (row >= n_rows) continue;
       const int64_t t = q0 + row / G, h = kvh * G + row % G;
-      float* dst = part_o + (split_base + t * a.H + h) * HD;
+      float* dst = part_o + (split_base + t * a.H + h) * HD + cb + 2 * t4;
 #pragma unroll
-      for (int v = 0; v < NV; ++v) {
-        *reinterpret_cast<float4*>(dst + ocol + 64 * v) =
-            make_float4(o[ii][v][0], o[ii][v][1], o[ii][v][2], o[ii][v][3]);
+      for (int c = 0; c < NC; ++c) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) store2(dst + c * KW + 8 * j, o[c][j][2 * half], o[c][j][2 * half + 1], true);
       }
     }
     return;
@@ -294,20 +403,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
 #pragma unroll
-  for (int ii = 0; ii < 4; ++ii) {
-    const int row = orow + ii;
+  for (int half = 0; half < 2; ++half) {
+    const int row = rb + g + 8 * half;
     if (row >= n_rows) continue;
     const float inv = 1.0f / l_s[row];  // > 0: a valid row always sees its own token
     const int64_t t = q0 + row / G, h = kvh * G + row % G;
-    float* dst = a.out + t * a.out_token_stride + h * a.out_head_stride;
+    float* dst = a.out + t * a.out_token_stride + h * a.out_head_stride + cb + 2 * t4;
 #pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      if (vec) {
-        *reinterpret_cast<float4*>(dst + ocol + 64 * v) =
-            make_float4(o[ii][v][0] * inv, o[ii][v][1] * inv, o[ii][v][2] * inv, o[ii][v][3] * inv);
-      } else {
+    for (int c = 0; c < NC; ++c) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) dst[ocol + 64 * v + c] = o[ii][v][c] * inv;
+      for (int j = 0; j < NT; ++j) {
+        store2(dst + c * KW + 8 * j, o[c][j][2 * half] * inv, o[c][j][2 * half + 1] * inv, vec);
       }
     }
   }

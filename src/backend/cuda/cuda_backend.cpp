@@ -80,9 +80,15 @@ bool same_stride(const Tensor& a, const Tensor& b, int d) {
 
 // ---- the GPU kernels' own preconditions (beyond the shared shape rules) ---------------------------
 
-Status check_cuda_matmul(const OpCheck& c, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+// F16 weights only in the f16 GEMM mode (the engine then converts bf16 exports to them at load).
+Status check_cuda_matmul(const OpCheck& c, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                         CudaGemm gemm) {
   KEV_TRY(cpu::check_tensor(c, "x", x, {DType::F32}, 2));
-  KEV_TRY(cpu::check_tensor(c, "w", w, {DType::F32, DType::BF16}, 2));
+  if (gemm == CudaGemm::F16) {
+    KEV_TRY(cpu::check_tensor(c, "w", w, {DType::F32, DType::BF16, DType::F16}, 2));
+  } else {
+    KEV_TRY(cpu::check_tensor(c, "w", w, {DType::F32, DType::BF16}, 2));
+  }
   KEV_TRY(cpu::check_contiguous(c, "w", w));
   KEV_TRY(cpu::check_shape(c, "w", w, {w.shape[0], x.shape[1]}, "[m,k]"));
   if (present(c, bias)) {
@@ -526,26 +532,28 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::PassRecorder> recorder_;
   cuda::GemmRunner gemm_;
   void* gemm_workspace_ = nullptr;
-  // The BF16 copy made (or shared) by the last BF16 matmul recorded, and when (see matmul()).
-  struct Bf16Input {
+  // The 16-bit copy of x made (or shared) by the last 16-bit matmul recorded, and when (see matmul()).
+  struct HalfInput {
     const float* x = nullptr;
     int64_t n = 0, k = 0, ldx = 0;
+    DType dtype = DType::F32;  // BF16 (rounded or split) or F16 (row-scaled)
+    bool split = false;
     uint16_t* xs = nullptr;
+    float* scales = nullptr;  // F16: the rows' power-of-two scales
     uint64_t pass = 0, recorded = 0;
   };
-  Bf16Input last_bf16_;
+  HalfInput last_half_;
 };
 
 Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
   constexpr const char* kOp = "matmul";
   KEV_TRY(ready(kOp));
-  KEV_TRY(check_cuda_matmul(bound(kOp), x, w, bias, out));
+  KEV_TRY(check_cuda_matmul(bound(kOp), x, w, bias, out, options_.cuda_gemm));
   const int64_t n = x.shape[0], k = x.shape[1], m = w.shape[0];
   if (n == 0 || m == 0) return Status::success();
   // A single row's stride is never stepped over; cuBLASLt still wants it >= the row length.
   const int64_t ldx = n > 1 ? x.stride[0] : std::max<int64_t>(k, 1);
   const int64_t ldo = n > 1 ? out.stride[0] : std::max<int64_t>(m, 1);
-  const bool w_bf16 = w.dtype == DType::BF16;
   const float* xp = f32p(x);
   const void* wp = dptr<const void>(w);
   const float* bp = f32p(bias);
@@ -558,41 +566,54 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
     });
     return Status::success();
   }
-  // BF16 weights: x as hi + lo BF16 halves stacked into one GEMM of 2n rows (W read once), so x keeps
-  // ~16 of its 24 significand bits and only the weights' own rounding remains; or, with
-  // cuda_bf16x2 off, x rounded to BF16 (one GEMM of n rows; docs/numerics.md has both errors).
-  const bool split = w_bf16 && options_.cuda_bf16x2;
+  // 16-bit weights take x as a 16-bit copy in scratch:
+  // - F16 (the default for bf16 exports): x rounded to FP16 (11 significand bits) after dividing each
+  //   row by a power of two that keeps it within FP16's range; a row kernel multiplies the GEMM's rows
+  //   back (and adds the bias).
+  // - BF16 with cuda_gemm f16 / bf16x2: x as hi + lo BF16 halves stacked into one GEMM of 2n rows (W
+  //   read once, ~16 significand bits of x kept); with bf16: x rounded to BF16 (8 bits).
+  // docs/numerics.md gives each one's end-to-end error.
+  const bool half = w.dtype != DType::F32;
+  const bool split = w.dtype == DType::BF16 && options_.cuda_gemm != CudaGemm::BF16;
   const int64_t rows = split ? 2 * n : n;
   cuda::GemmShape shape;
   shape.n = rows;
   shape.k = k;
   shape.m = m;
-  shape.ldx = w_bf16 ? k : ldx;
+  shape.ldx = half ? k : ldx;
   shape.ldo = split ? m : ldo;
-  shape.w_bf16 = w_bf16;
-  // The BF16 copy and the split GEMM's output go to scratch, which is 256-byte aligned (a null
+  shape.w = w.dtype;
+  // The 16-bit copy and the split GEMM's output go to scratch, which is 256-byte aligned (a null
   // pointer stands for that).
-  shape.align_x = w_bf16 ? cuda::column_alignment(nullptr, k * 2) : cuda::column_alignment(xp, ldx * 4);
+  shape.align_x = half ? cuda::column_alignment(nullptr, k * 2) : cuda::column_alignment(xp, ldx * 4);
   shape.align_w = cuda::column_alignment(wp, k * static_cast<int64_t>(dtype_size(w.dtype)));
   shape.align_out = split ? cuda::column_alignment(nullptr, m * 4) : cuda::column_alignment(op, ldo * 4);
   KEV_TRY(gemm_.prepare(shape));
-  // Consecutive projections of one input (q/k/v, the four GDN projections, gate/up) share its BF16
+  // Consecutive projections of one input (q/k/v, the four GDN projections, gate/up) share its 16-bit
   // copy: when the command recorded just before this one, in this pass, was a matmul that converted
-  // (or shared) this same view of x, nothing can have written x since (a matmul writes only its out,
-  // which never overlaps its x), so its copy is still current.
+  // (or shared) this same view of x the same way, nothing can have written x since (a matmul writes
+  // only its out, which never overlaps its x), so its copy is still current.
   uint16_t* xs = nullptr;
+  float* scales = nullptr;
   bool convert = false;
-  if (w_bf16) {
-    const Bf16Input& last = last_bf16_;
+  if (half) {
+    const HalfInput& last = last_half_;
     if (last.xs != nullptr && last.x == xp && last.n == n && last.k == k && last.ldx == ldx &&
-        last.pass == recorder_->pass_serial() && last.recorded == recorder_->recorded()) {
+        last.dtype == w.dtype && last.split == split && last.pass == recorder_->pass_serial() &&
+        last.recorded == recorder_->recorded()) {
       xs = last.xs;
+      scales = last.scales;
     } else {
       KEV_ASSIGN_OR_RETURN(char* scratch, recorder_->scratch(static_cast<size_t>(rows * k) * sizeof(uint16_t)));
       xs = reinterpret_cast<uint16_t*>(scratch);
+      if (w.dtype == DType::F16) {
+        KEV_ASSIGN_OR_RETURN(char* sc, recorder_->scratch(static_cast<size_t>(n) * sizeof(float)));
+        scales = reinterpret_cast<float*>(sc);
+      }
       convert = true;
     }
     sig.ptr(xs);
+    sig.ptr(scales);
     sig.word(convert);
   }
   float* halves = nullptr;
@@ -602,20 +623,28 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
     sig.ptr(halves);
   }
   const cuda::GemmRunner* gemm = &gemm_;
+  const DType wdt = w.dtype;
   recorder_->record(kOp, sig, [=](cudaStream_t s) -> Status {
-    if (convert) KEV_TRY(launched(cuda::launch_f32_to_bf16_rows(xp, ldx, xs, n, k, split, s), "matmul input to bf16"));
+    if (convert && wdt == DType::F16) {
+      KEV_TRY(launched(cuda::launch_f32_to_f16_rows_scaled(xp, ldx, xs, scales, n, k, s), "matmul input to f16"));
+    } else if (convert) {
+      KEV_TRY(launched(cuda::launch_f32_to_bf16_rows(xp, ldx, xs, n, k, split, s), "matmul input to bf16"));
+    }
     if (split) {
       KEV_TRY(gemm->enqueue(shape, xs, wp, halves, s));
       return launched(cuda::launch_split_sum_rows(halves, n, m, bp, op, ldo, s), "matmul split sum");
     }
     KEV_TRY(gemm->enqueue(shape, xs ? static_cast<const void*>(xs) : xp, wp, op, s));
+    if (scales) return launched(cuda::launch_scale_bias_rows(op, ldo, scales, bp, n, m, s), "matmul row rescale");
     if (bp) KEV_TRY(launched(cuda::launch_bias_rows(op, ldo, bp, false, n, m, s), "matmul bias"));
     return Status::success();
   }, trace_label([&] {
-    return cat("matmul n=", n, " k=", k, " m=", m,
-               w_bf16 ? (split ? " bf16x2" : " bf16") : " f32", convert || !w_bf16 ? "" : " shared x");
+    return cat("matmul n=", n, " k=", k, " m=", m, " ", dtype_name(w.dtype), split ? "x2" : "",
+               convert || !half ? "" : " shared x");
   }));
-  if (w_bf16) last_bf16_ = Bf16Input{xp, n, k, ldx, xs, recorder_->pass_serial(), recorder_->recorded()};
+  if (half) {
+    last_half_ = HalfInput{xp, n, k, ldx, w.dtype, split, xs, scales, recorder_->pass_serial(), recorder_->recorded()};
+  }
   return Status::success();
 }
 
@@ -841,7 +870,7 @@ bool CudaBackend::supports(const OpDesc& desc) const {
   // The CPU's operand rules, except where the CUDA kernels differ (matmul dtypes, the GDN and attention
   // kernels' shape limits).
   switch (desc.op) {
-    case OpKind::Matmul: return t.size() == 4 && check_cuda_matmul(c, t[0], t[1], t[2], t[3]).ok();
+    case OpKind::Matmul: return t.size() == 4 && check_cuda_matmul(c, t[0], t[1], t[2], t[3], options_.cuda_gemm).ok();
     case OpKind::GatedDeltaRule:
       return t.size() == 8 && check_gdn(c, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]).ok();
     case OpKind::Attention: return t.size() == 6 && check_attn(c, t[0], t[1], t[2], t[3], t[4], t[5]).ok();

@@ -5,6 +5,11 @@
 //   copy:        out = x, F32/BF16 on either side (BF16: round to nearest even, NaN kept quiet)
 //   f32_to_bf16_rows: matmul's x rounded to BF16 into contiguous scratch [n,k], or split x = hi + lo
 //                     into [2n,k] (hi rows, then lo rows); split_sum_rows adds the GEMM's two halves
+//   f32_to_f16_rows_scaled: matmul's x for F16 weights: row i divided by a power of two s_i (exact) and
+//                     rounded to FP16 into [n,k] scratch, s_i to scales[i]: s_i = 1 when max|x_i| lies in
+//                     [2^-10, 2^15], else the s_i putting max|x_i| / s_i in [2^14, 2^15], so FP16's
+//                     65,504 is never exceeded and small rows keep 11 significant bits;
+//                     scale_bias_rows then multiplies the GEMM's row i by s_i (and adds the bias)
 //   bias_rows:   out[i,:] += bias, or out[i,:] = bias (or 0) for a matmul with k = 0
 //
 // σ, SiLU and softplus are the overflow-free forms (device_math.cuh). FP32 throughout.
@@ -12,8 +17,12 @@
 // use float4 when d, every row stride and every base pointer allow 16-byte access. gdn_gates: one
 // thread per (token, head), 256 per block. f32_to_bf16_rows: grid (n, min(ceil(k / (4·256)), 65535)),
 // a thread converting 4 consecutive values (float4 in, 8 bytes out) per step when x's rows are 16-byte
-// aligned and k % 4 == 0, else one value per step (grid.y from ceil(k / 256)). An output may be the identical view of an input: each
+// aligned and k % 4 == 0, else one value per step (grid.y from ceil(k / 256)). f32_to_f16_rows_scaled
+// and scale_bias_rows: one 256-thread block per row (the row's max needs the whole row; it is read
+// twice, the second time from L1/L2). An output may be the identical view of an input: each
 // element is read by the thread that writes it, before it writes it.
+#include <cuda_fp16.h>
+
 #include <algorithm>
 
 #include "backend/cuda/device_math.cuh"
@@ -144,6 +153,38 @@ __global__ void split_sum_rows_kernel(const float* s, int64_t n, int64_t m, cons
   }
 }
 
+__global__ void f32_to_f16_rows_scaled_kernel(const float* x, int64_t ldx, __half* dst, float* scales, int64_t k) {
+  __shared__ float warp_max[kThreads / 32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * ldx;
+  float mx = 0.0f;
+  for (int64_t j = threadIdx.x; j < k; j += kThreads) mx = fmaxf(mx, fabsf(xr[j]));
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = mx;
+  __syncthreads();
+  mx = warp_max[0];
+  for (int w = 1; w < kThreads / 32; ++w) mx = fmaxf(mx, warp_max[w]);
+  // Rows within [2^-10, 2^15] keep s = 1 (then the rescale kernel has nothing to do); larger rows
+  // would overflow FP16 and smaller ones would lose bits to its subnormals. A row holding inf keeps
+  // s = 1, so the product is inf / NaN as the FP32 GEMM's would be.
+  float inv = 1.0f;
+  if (isfinite(mx) && (mx > 32768.0f || (mx > 0.0f && mx < 0x1p-10f))) {
+    int e = 0;
+    frexpf(mx, &e);  // mx < 2^e
+    inv = ldexpf(1.0f, 15 - e);
+  }
+  if (threadIdx.x == 0) scales[row] = 1.0f / inv;
+  __half* d = dst + row * k;
+  for (int64_t j = threadIdx.x; j < k; j += kThreads) d[j] = __float2half_rn(xr[j] * inv);
+}
+
+__global__ void scale_bias_rows_kernel(float* out, int64_t ldo, const float* scales, const float* bias, int64_t m) {
+  const float s = scales[blockIdx.x];
+  if (s == 1.0f && bias == nullptr) return;  // the common case: nothing to do
+  float* o = out + static_cast<int64_t>(blockIdx.x) * ldo;
+  for (int64_t j = threadIdx.x; j < m; j += kThreads) o[j] = bias ? fmaf(o[j], s, bias[j]) : o[j] * s;
+}
+
 template <bool kOverwrite>
 __global__ void bias_rows_kernel(float* out, int64_t ld, const float* bias, int64_t m) {
   float* o = out + static_cast<int64_t>(blockIdx.x) * ld;
@@ -231,6 +272,21 @@ cudaError_t launch_split_sum_rows(const float* s, int64_t n, int64_t m, const fl
   const int64_t col_blocks = std::min<int64_t>((m + kThreads - 1) / kThreads, 65535);
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(col_blocks));
   split_sum_rows_kernel<<<grid, kThreads, 0, stream>>>(s, n, m, bias, out, ldo);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_f32_to_f16_rows_scaled(const float* x, int64_t ldx, uint16_t* dst, float* scales, int64_t n,
+                                          int64_t k, cudaStream_t stream) {
+  if (n == 0 || k == 0) return cudaSuccess;
+  f32_to_f16_rows_scaled_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, ldx, reinterpret_cast<__half*>(dst),
+                                                                                   scales, k);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_scale_bias_rows(float* out, int64_t ldo, const float* scales, const float* bias, int64_t n, int64_t m,
+                                   cudaStream_t stream) {
+  if (n == 0 || m == 0) return cudaSuccess;
+  scale_bias_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(out, ldo, scales, bias, m);
   return cudaGetLastError();
 }
 

@@ -65,6 +65,13 @@ cudaError_t probe_kernel_image();
 // with `split`, dst[2n, k] holds hi = round(x) in rows [0, n) and lo = round(x − hi) in rows [n, 2n).
 cudaError_t launch_f32_to_bf16_rows(const float* x, int64_t ldx, uint16_t* dst, int64_t n, int64_t k, bool split,
                                     cudaStream_t stream);
+// matmul input conversion for F16 weights (elementwise.cu): dst[n, k] F16 contiguous = round(x[i, :] / s_i)
+// with s_i a power of two (1 unless max|x[i, :]| is outside [2^-10, 2^15]); scales[n] = s_i.
+cudaError_t launch_f32_to_f16_rows_scaled(const float* x, int64_t ldx, uint16_t* dst, float* scales, int64_t n,
+                                          int64_t k, cudaStream_t stream);
+// out[i, :] (row stride ldo) = out[i, :] · scales[i] (+ bias): the GEMM on scaled F16 inputs, rescaled.
+cudaError_t launch_scale_bias_rows(float* out, int64_t ldo, const float* scales, const float* bias, int64_t n, int64_t m,
+                                   cudaStream_t stream);
 // out[i, :] (row stride ldo) = s[i, :] + s[n + i, :] (+ bias) for a split-input GEMM's s [2n, m].
 cudaError_t launch_split_sum_rows(const float* s, int64_t n, int64_t m, const float* bias, float* out, int64_t ldo,
                                   cudaStream_t stream);

@@ -34,7 +34,7 @@ int column_alignment(const void* ptr, int64_t ld_bytes) {
 Status GemmRunner::prepare(const GemmShape& s) {
   if (s.n == 0 || s.m == 0 || s.k == 0 || plans_.count(s)) return Status::success();
   Plan p;
-  const cudaDataType_t ab = s.w_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t ab = s.w == DType::BF16 ? CUDA_R_16BF : s.w == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
   auto fail = [&](Status st) {
     destroy(p);
     return st;
@@ -75,7 +75,7 @@ Status GemmRunner::prepare(const GemmShape& s) {
       KEV_CUBLAS_TRY(st);
     }
     KEV_CHECK(found > 0, ErrorCode::Unsupported, "matmul: cuBLASLt has no algorithm for n=", s.n, " k=", s.k,
-              " m=", s.m, " (", s.w_bf16 ? "bf16" : "f32", " weights, ldx ", s.ldx, ", ldo ", s.ldo, ", alignments ",
+              " m=", s.m, " (", dtype_name(s.w), " weights, ldx ", s.ldx, ", ldo ", s.ldo, ", alignments ",
               s.align_x, "/", s.align_w, "/", s.align_out, " bytes)");
     p.algo = result.algo;
     return Status::success();

@@ -6,6 +6,8 @@
 //   F32 W: A, B, D F32, CUBLAS_COMPUTE_32F (no TF32: the FP32 engine's golden parity needs ~1e-6).
 //   BF16 W: x arrives as BF16 in contiguous scratch (ld = k): rounded, or split into two BF16 halves
 //   stacked as 2n rows (cuda_backend.cpp's matmul); A, B BF16, D F32, CUBLAS_COMPUTE_32F with F32 scale.
+//   F16 W: x arrives as F16 in contiguous scratch, each row scaled by a power of two (cuda_backend.cpp);
+//   A, B F16, D F32, CUBLAS_COMPUTE_32F.
 // A bias is added by a separate row kernel after the GEMM (one extra pass over out, only for the few
 // projections that have a bias), which avoids depending on cuBLASLt's per-type bias-epilogue rules.
 // k = 0 writes the bias (or zeros) only. Descriptors and the algorithm are cached per shape key (sizes,
@@ -22,6 +24,7 @@
 #include <map>
 #include <tuple>
 
+#include "backend/tensor.h"
 #include "kev/result.h"
 
 namespace kev::cuda {
@@ -29,9 +32,9 @@ namespace kev::cuda {
 struct GemmShape {
   int64_t n = 0, k = 0, m = 0;
   int64_t ldx = 0, ldo = 0;  // leading dimensions in elements (x's as given to cuBLASLt)
-  bool w_bf16 = false;
+  DType w = DType::F32;  // F32, BF16 or F16 (x as given to cuBLASLt has the same dtype)
   int align_x = 0, align_w = 0, align_out = 0;  // guaranteed byte alignment of every column start
-  auto key() const { return std::tie(n, k, m, ldx, ldo, w_bf16, align_x, align_w, align_out); }
+  auto key() const { return std::tie(n, k, m, ldx, ldo, w, align_x, align_w, align_out); }
   bool operator<(const GemmShape& o) const { return key() < o.key(); }
 };
 
@@ -45,7 +48,7 @@ class GemmRunner {
   Status init(void* workspace, size_t workspace_bytes);
   // Builds (or finds) the plan for `shape`; call before recording so enqueue() cannot fail on planning.
   Status prepare(const GemmShape& shape);
-  // x is F32 or (w_bf16) the BF16 copy, with shape.ldx; requires prepare(shape) first.
+  // x has shape.w's dtype (the F32 input, or its BF16 / F16 copy), with shape.ldx; requires prepare(shape) first.
   Status enqueue(const GemmShape& shape, const void* x, const void* w, float* out, cudaStream_t stream) const;
   size_t cublaslt_version() const { return cublasLtGetVersion(); }
 

@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,15 @@ class WebGpuBackend final : public Backend {
 
   std::unique_ptr<Device> device_;
   DeviceLimits limits_;
+  // The last rope cos/sin table staged, reused by the pass's other rope calls (every attention layer's
+  // q and k share the layout): valid while device_->flushes() equals `flushes`.
+  struct RopeTable {
+    uint64_t flushes = 0;
+    int64_t pos0 = 0, max_len = 0, n_rot = 0;
+    double theta = 0;
+    Binding binding;
+  };
+  std::optional<RopeTable> rope_table_;
 };
 
 }  // namespace kev::webgpu

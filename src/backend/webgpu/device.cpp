@@ -625,6 +625,7 @@ Status Device::flush() {
   cb.userdata1 = &done;
   KEV_TRY(wait(wgpuQueueOnSubmittedWorkDone(queue_, cb), "the queue"));
   recorded_ = false;
+  ++flushes_;
   for (Ring* ring : {&params_ring_, &data_ring_}) {
     ring->chunk = 0;
     ring->used = 0;

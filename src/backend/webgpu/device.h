@@ -122,6 +122,8 @@ class Device {
 
   // Finishes the encoder, submits once and waits for the queue; returns errors raised meanwhile.
   Status flush();
+  // Flushes so far: a stage() binding stays valid while this count is unchanged.
+  uint64_t flushes() const { return flushes_; }
   // Copies [offset, offset+bytes) of `src` to the host (flushes first).
   Status read(WGPUBuffer src, uint64_t offset, uint64_t bytes, void* dst);
   Status check_alive() const;
@@ -165,6 +167,7 @@ class Device {
   WGPUComputePassEncoder pass_ = nullptr;
   std::string pass_op_;  // op the open compute pass is labelled with
   bool recorded_ = false;
+  uint64_t flushes_ = 0;
 
   // Two rings: uniforms for params, storage for staged data (a buffer may not be a uniform and a
   // writable storage binding of one dispatch).

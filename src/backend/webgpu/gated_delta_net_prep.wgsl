@@ -1,56 +1,128 @@
-// Gated delta rule, chunked (WY/UT form), part 1 of 2: the state-independent matrices of one chunk.
-// With C = 64, a chunk of cn tokens t0..t0+cn−1, value head h (key head kh = h / (Hv/Hk)):
-//   D_ij = exp(Σ_{t=j+1..i} g_t) (j <= i), summed pairwise so a large earlier decay never cancels
-//   against a small later one (WGSL has no f64 for a cumulative Γ);  γ_i = exp(Σ_{t<=i} g_t);
-//   dlast_j = D_{cn−1,j};  L_ij = β_i (k_i·k_j) D_ij (j < i);  T = (I + L)⁻¹ (unit lower triangular,
-//   forward substitution row by row);  W = T diag(β⊙γ) K;  Tβ = T diag(β);
-//   P_ij = (q_i·k_j) D_ij (j <= i).
-// Part 2 (gated_delta_net.wgsl) then needs only v, q, k and these: Δ = Tβ V − W S, etc.
+// Gated delta rule, chunked (WY/UT form), part 1 of 2: everything about a chunk that does not depend on
+// the state, for all chunks at once. With C = 64, a chunk of cn tokens t0..t0+cn−1, value head h (key
+// head kh = h / (Hv/Hk)):
+//   D_ij = exp(Σ_{t=j+1..i} g_t) (j <= i), never as a difference of cumulative sums, so a large
+//   earlier decay cannot cancel against a small later one (WGSL has no f64 for a cumulative Γ):
+//   within a 16-token block the terms are summed directly, across blocks as the tail of j's block +
+//   whole block sums + the head of i's block, partial sums of terms g <= 0 that only add;
+//   γ_i = exp(Σ_{t<=i} g_t);
+//   dlast_j = D_{cn−1,j};  L_ij = β_i (k_i·k_j) D_ij (j < i);  T = (I + L)⁻¹ (unit lower triangular);
+//   W = T diag(β⊙γ) K;  U = T diag(β) V;  P_ij = (q_i·k_j) D_ij (j <= i).
+// Part 2 (gated_delta_net.wgsl) then runs Δ = U − W S, o = γ⊙(Q S) + P Δ, S ← γ_{cn−1} S + Kᵀ diag(dlast) Δ.
 //
-// Layout: q, k [n,Hk,dk], g, beta [n,Hv] (outer strides free); table (u32): chunk ci at
-// chunk_base + 2·ci holds (t0, cn); scratch region of (ci, h) at (ci·Hv + h)·region:
-//   Tβ [C×C] | P [C×C] | W [C×dk] | γ [C] | dlast [C]  (rows >= cn zero). L lives in P's slot until
-//   T is solved; T itself stays in workgroup memory.
-// Launch: one workgroup of 256 invocations per (chunk, value head): n_chunks·Hv workgroups (folded);
-// invocation lid owns the pairs lid + 256u, u < 16, of the 64×64 chunk matrices, whose k·k and q·k dot
-// products it accumulates over dk in slabs of 16 staged in workgroup memory; the same 8.1 KiB then
-// hold T's lower triangle during the solve (plus g, β, γ: 8.9 KiB in all).
+// Layout: q, k [n,Hk,dk], v [n,Hv,dv], g, beta [n,Hv] (outer strides free); table (u32): chunk ci at
+// chunk_base + 2·ci holds (t0, cn); scratch region of (ci, h) at (ci·Hv + h)·region, P and W
+// transposed so that part 2 reads 8 consecutive rows i with one cache line:
+//   Pᵀ [C×C] (Pᵀ[j·C + i]) | Wᵀ [dk×C] (Wᵀ[d·C + i]) | U [C×dv] (row-major) | γ [C] | dlast [C];
+// rows i >= cn are zero.
+// Launch: one workgroup of 256 invocations per (chunk, value head): n_chunks·Hv workgroups (folded).
+//   1. k·k and q·k: invocation (q4, tj) = (lid/16, lid%16) owns rows i = 4·q4 .. +3 and columns
+//      j = tj + 16b (b < 4), accumulated in vec4 registers over dk in slabs of 16 dims staged
+//      dim-major in workgroup memory: 6 loads (2 of them vec4) per 32 FMAs; invocations whose rows
+//      lie wholly past a short chunk's cn skip the products.
+//   2. T in place of L, by blocks of 16: the four diagonal blocks inverted at once (64 invocations,
+//      one column each, 16 steps), then block rows I = 1..3: T_IJ = −T_II Σ_{K=J..I−1} L_IK T_KJ,
+//      4 rows × 1 column per invocation.
+//   3. W and U: [K | V] in slabs of 16 columns through workgroup memory; invocation owns 4 rows of one
+//      16-row block and one column, so its loop stops at the end of its block (and at cn); vec4
+//      reads of T's columns and the slab's: 5 loads per 16 FMAs.
+// Workgroup memory (vec4 words, only ever written whole: WGSL lets a write to one component access
+// the whole vector, so invocations writing neighbouring floats would race; matrices are stored
+// column-major so that one invocation writes 4 consecutive rows): T's 10 lower 16×16 blocks
+// (10 KiB, first holding the k/q slabs) + a 4.25 KiB slab + g, β, γ and the block partial sums of
+// g: 15.5 KiB. FP32 throughout.
 
 struct Params {
-  hk: u32, hv: u32, dk: u32, n_chunks: u32,
+  hk: u32, hv: u32, dk: u32, dv: u32,
   q_off: u32, q_st0: u32, q_st1: u32, k_off: u32,
-  k_st0: u32, k_st1: u32, g_off: u32, g_st: u32,
-  b_off: u32, b_st: u32, chunk_base: u32, region: u32,
-  // Always 16; a run-time bound keeps shader compilers from unrolling the pair loops (llvmpipe took over
-  // a minute to compile the unrolled form).
-  pairs: u32, pad0: u32, pad1: u32, pad2: u32,
+  k_st0: u32, k_st1: u32, v_off: u32, v_st0: u32,
+  v_st1: u32, g_off: u32, g_st: u32, b_off: u32,
+  b_st: u32, n_chunks: u32, chunk_base: u32, region: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> q: array<f32>;
 @group(0) @binding(2) var<storage, read_write> k: array<f32>;
-@group(0) @binding(3) var<storage, read_write> g: array<f32>;
-@group(0) @binding(4) var<storage, read_write> beta: array<f32>;
-@group(0) @binding(5) var<storage, read_write> table: array<u32>;
-@group(0) @binding(6) var<storage, read_write> scratch: array<f32>;
+@group(0) @binding(3) var<storage, read_write> v: array<f32>;
+@group(0) @binding(4) var<storage, read_write> g: array<f32>;
+@group(0) @binding(5) var<storage, read_write> beta: array<f32>;
+@group(0) @binding(6) var<storage, read_write> table: array<u32>;
+@group(0) @binding(7) var<storage, read_write> scratch: array<f32>;
 
 const C: u32 = 64u;
+const SLAB: u32 = 16u;
+const ST: u32 = 68u;        // stride of the dim-major k/q slabs and of the transposed column slab
+const Q_AT: u32 = 1088u;    // the q slab after the k slab (16·ST floats)
+const XS_AT: u32 = 2560u;   // the column slab (and the diagonal inverses) after T's 10 blocks
 
 var<workgroup> gs: array<f32, 64>;
 var<workgroup> bs: array<f32, 64>;
 var<workgroup> gam: array<f32, 64>;
-const SLAB: u32 = 16u;
-// First k and q slabs of the chunk ([C][SLAB] each, dims d0..d0+15, at 0 and C·SLAB), then the
-// lower triangle of T packed by rows (T_ic at i(i+1)/2 + c).
-var<workgroup> wsm: array<f32, 2080>;
+var<workgroup> head: array<f32, 64>;   // Σ g_t from i's 16-block start to i (inclusive)
+var<workgroup> tail: array<f32, 64>;   // Σ g_t from j + 1 to the end of j's 16-block
+var<workgroup> whole: array<f32, 4>;   // Σ g_t over 16-block m
+// Float offsets below. Step 1: k slab (token t, dim dd) at dd·ST + t, q slab at Q_AT + dd·ST + t.
+// Steps 2-3: T's lower blocks (I, J), J <= I, at blk(I, J), element (r, c) at c·16 + r; then at
+// XS_AT the diagonal inverses and the block-row sums (same layout, 256 floats each) and finally the
+// [K | V] column slab, column c's 64 rows at XS_AT + c·ST.
+var<workgroup> wsm: array<vec4<f32>, 912>;
 
-// Σ_{t=j+1..i} g_t within the chunk.
+fn ld(e: u32) -> f32 {
+  return wsm[e >> 2u][e & 3u];
+}
+
+// The 4 floats at e (a multiple of 4).
+fn ld4(e: u32) -> vec4<f32> {
+  return wsm[e >> 2u];
+}
+
+fn st4(e: u32, x: vec4<f32>) {
+  wsm[e >> 2u] = x;
+}
+
+fn blk(bi: u32, bj: u32) -> u32 {
+  return (bi * (bi + 1u) / 2u + bj) * 256u;
+}
+
+// Σ_{t=j+1..i} g_t within the chunk (j <= i).
 fn decay_sum(j: u32, i: u32) -> f32 {
-  var s = 0.0;
-  for (var t = j + 1u; t <= i; t++) {
-    s += gs[t];
+  let bj = j / 16u;
+  let bi = i / 16u;
+  if (bj == bi) {
+    var s = 0.0;
+    for (var t = j + 1u; t <= i; t++) {
+      s += gs[t];
+    }
+    return s;
   }
-  return s;
+  var s = tail[j];
+  for (var m = bj + 1u; m < bi; m++) {
+    s += whole[m];
+  }
+  return s + head[i];
+}
+
+// Pairs (4·q4 + m, j), m < 4, with k·k and q·k in kk, qk (component m): Pᵀ to scratch, and for
+// j in a block b <= a = q4 / 4, L into T's block (a, b).
+fn store_pairs(q4: u32, j: u32, cn: u32, p_at: u32, kk: vec4<f32>, qk: vec4<f32>) {
+  var pv = vec4<f32>(0.0);
+  var lv = vec4<f32>(0.0);
+  for (var m = 0u; m < 4u; m++) {
+    let i = 4u * q4 + m;
+    if (i < cn && j <= i) {
+      let dij = exp(decay_sum(j, i));
+      pv[m] = qk[m] * dij;
+      if (j < i) {
+        lv[m] = bs[i] * kk[m] * dij;
+      }
+    }
+    scratch[p_at + j * C + 4u * q4 + m] = pv[m];
+  }
+  let a = q4 / 4u;
+  let bj = j / 16u;
+  if (bj <= a) {
+    st4(blk(a, bj) + (j % 16u) * 16u + 4u * (q4 % 4u), lv);
+  }
 }
 
 @compute @workgroup_size(256)
@@ -66,13 +138,14 @@ fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let t0 = table[p.chunk_base + 2u * ci];
   let cn = table[p.chunk_base + 2u * ci + 1u];
   let base = item * p.region;
-  let tb_at = base;
-  let p_at = base + C * C;
-  let w_at = base + 2u * C * C;
-  let gam_at = w_at + C * p.dk;
+  let p_at = base;
+  let w_at = base + C * C;
+  let u_at = w_at + C * p.dk;
+  let gam_at = u_at + C * p.dv;
   let dl_at = gam_at + C;
   let qb = p.q_off + kh * p.q_st1;
   let kb = p.k_off + kh * p.k_st1;
+  let vb = p.v_off + h * p.v_st1;
 
   if (lid < C) {
     var gv = 0.0;
@@ -86,12 +159,32 @@ fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   }
   workgroupBarrier();
   if (lid < C) {
+    let b0 = lid & ~15u;
+    var hs = 0.0;
+    for (var t = b0; t <= lid; t++) {
+      hs += gs[t];
+    }
+    head[lid] = hs;
+    var ts = 0.0;
+    for (var t = lid + 1u; t < b0 + 16u; t++) {
+      ts += gs[t];
+    }
+    tail[lid] = ts;
+  } else if (lid < C + 4u) {
+    var ws = 0.0;
+    for (var t = 16u * (lid - C); t < 16u * (lid - C + 1u); t++) {
+      ws += gs[t];
+    }
+    whole[lid - C] = ws;
+  }
+  workgroupBarrier();
+  if (lid < C) {
     var gm = 0.0;
     var dl = 0.0;
     if (lid < cn) {
-      var s = 0.0;
-      for (var t = 0u; t <= lid; t++) {
-        s += gs[t];
+      var s = head[lid];
+      for (var m = 0u; m < lid / 16u; m++) {
+        s += whole[m];
       }
       gm = exp(s);
       dl = exp(decay_sum(lid, cn - 1u));
@@ -100,101 +193,171 @@ fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     scratch[gam_at + lid] = gm;
     scratch[dl_at + lid] = dl;
   }
-  // k_i·k_j and q_i·k_j for this invocation's 16 pairs (i, j) = (idx / C, idx % C), idx = lid + 256u,
-  // accumulated over dk in slabs of 16 staged in workgroup memory.
-  var kk: array<f32, 16>;
-  var qk: array<f32, 16>;
+
+  // 1. k_i·k_j and q_i·k_j for i = 4·q4 + m (vector component m), j = tj + 16b.
+  let q4 = lid / 16u;
+  let tj = lid % 16u;
+  var kk0 = vec4<f32>(0.0);
+  var kk1 = vec4<f32>(0.0);
+  var kk2 = vec4<f32>(0.0);
+  var kk3 = vec4<f32>(0.0);
+  var qk0 = vec4<f32>(0.0);
+  var qk1 = vec4<f32>(0.0);
+  var qk2 = vec4<f32>(0.0);
+  var qk3 = vec4<f32>(0.0);
   for (var d0 = 0u; d0 < p.dk; d0 += SLAB) {
-    for (var e = lid; e < C * SLAB; e += 256u) {
-      let t = e / SLAB;
+    // Tokens 4·(e / SLAB) .. +3 of dim e % SLAB (consecutive invocations: consecutive dims).
+    for (var e = lid; e < C * SLAB / 4u; e += 256u) {
+      let t = 4u * (e / SLAB);
       let d = d0 + e % SLAB;
-      var kv = 0.0;
-      var qv = 0.0;
-      if (t < cn && d < p.dk) {
-        kv = k[kb + (t0 + t) * p.k_st0 + d];
-        qv = q[qb + (t0 + t) * p.q_st0 + d];
-      }
-      wsm[e] = kv;
-      wsm[C * SLAB + e] = qv;
-    }
-    workgroupBarrier();
-    for (var u = 0u; u < p.pairs; u++) {
-      let idx = lid + u * 256u;
-      let i = idx / C;
-      let j = idx % C;
-      var a = kk[u];
-      var b = qk[u];
-      for (var d = 0u; d < SLAB; d++) {
-        let kj = wsm[j * SLAB + d];
-        a = fma(wsm[i * SLAB + d], kj, a);
-        b = fma(wsm[C * SLAB + i * SLAB + d], kj, b);
-      }
-      kk[u] = a;
-      qk[u] = b;
-    }
-    workgroupBarrier();
-  }
-  // L (into P's slot until T is solved) and P, kept in registers meanwhile.
-  var pv: array<f32, 16>;
-  for (var u = 0u; u < p.pairs; u++) {
-    let idx = lid + u * 256u;
-    let i = idx / C;
-    let j = idx % C;
-    var lv = 0.0;
-    var pval = 0.0;
-    if (i < cn && j <= i) {
-      let dij = exp(decay_sum(j, i));
-      pval = qk[u] * dij;
-      if (j < i) {
-        lv = bs[i] * kk[u] * dij;
-      }
-    }
-    pv[u] = pval;
-    scratch[p_at + idx] = lv;
-  }
-  storageBarrier();
-  workgroupBarrier();
-  // T = (I + L)⁻¹ by forward substitution, one row per step, the row's columns in parallel:
-  // T_ic = −Σ_{c<=j<i} L_ij T_jc (c < i), T_ii = 1; rows >= cn are zero. L_ij is read by every
-  // invocation at once (one address); T stays in workgroup memory.
-  for (var i = 0u; i < C; i++) {
-    if (lid <= i) {
-      let c = lid;
-      var tv = 0.0;
-      if (i < cn) {
-        if (c == i) {
-          tv = 1.0;
-        } else {
-          for (var j = c; j < i; j++) {
-            tv = fma(-scratch[p_at + i * C + j], wsm[j * (j + 1u) / 2u + c], tv);
+      var kv = vec4<f32>(0.0);
+      var qv = vec4<f32>(0.0);
+      if (d < p.dk) {
+        for (var m = 0u; m < 4u; m++) {
+          if (t + m < cn) {
+            kv[m] = k[kb + (t0 + t + m) * p.k_st0 + d];
+            qv[m] = q[qb + (t0 + t + m) * p.q_st0 + d];
           }
         }
       }
-      wsm[i * (i + 1u) / 2u + c] = tv;
+      st4((e % SLAB) * ST + t, kv);
+      st4(Q_AT + (e % SLAB) * ST + t, qv);
+    }
+    workgroupBarrier();
+    let d_end = select(0u, SLAB, 4u * q4 < cn);
+    for (var d = 0u; d < d_end; d++) {
+      let ki = ld4(d * ST + 4u * q4);
+      let qi = ld4(Q_AT + d * ST + 4u * q4);
+      let kj = vec4<f32>(ld(d * ST + tj), ld(d * ST + tj + 16u), ld(d * ST + tj + 32u), ld(d * ST + tj + 48u));
+      kk0 = fma(vec4<f32>(kj.x), ki, kk0);
+      kk1 = fma(vec4<f32>(kj.y), ki, kk1);
+      kk2 = fma(vec4<f32>(kj.z), ki, kk2);
+      kk3 = fma(vec4<f32>(kj.w), ki, kk3);
+      qk0 = fma(vec4<f32>(kj.x), qi, qk0);
+      qk1 = fma(vec4<f32>(kj.y), qi, qk1);
+      qk2 = fma(vec4<f32>(kj.z), qi, qk2);
+      qk3 = fma(vec4<f32>(kj.w), qi, qk3);
     }
     workgroupBarrier();
   }
-  // W = T diag(β⊙γ) K, and P = tril(QKᵀ ⊙ D) over L's slot (L is no longer needed).
-  for (var idx = lid; idx < C * p.dk; idx += 256u) {
-    let i = idx / p.dk;
-    let d = idx % p.dk;
-    var wv = 0.0;
-    if (i < cn) {
-      for (var j = 0u; j <= i; j++) {
-        wv = fma(wsm[i * (i + 1u) / 2u + j] * bs[j] * gam[j], k[kb + (t0 + j) * p.k_st0 + d], wv);
+  store_pairs(q4, tj, cn, p_at, kk0, qk0);
+  store_pairs(q4, tj + 16u, cn, p_at, kk1, qk1);
+  store_pairs(q4, tj + 32u, cn, p_at, kk2, qk2);
+  store_pairs(q4, tj + 48u, cn, p_at, kk3, qk3);
+  workgroupBarrier();
+
+  // 2a. The diagonal blocks: invocation (bb, c) solves column c of (I + L_bb)⁻¹ top-down into the
+  // slab area, 4 rows per write; it reads back only values it computed itself (zero above the
+  // diagonal).
+  if (lid < C) {
+    let bb = lid / 16u;
+    let c = lid % 16u;
+    let lb = blk(bb, bb);
+    let xb = XS_AT + bb * 256u + c * 16u;
+    for (var r4 = 0u; r4 < 16u; r4 += 4u) {
+      var xv = vec4<f32>(0.0);
+      for (var m = 0u; m < 4u; m++) {
+        let r = r4 + m;
+        var x = select(0.0, 1.0, r == c);
+        for (var j = c; j < min(r, r4); j++) {
+          x = fma(-ld(lb + j * 16u + r), ld(xb + j), x);
+        }
+        for (var j = max(c, r4); j < r; j++) {
+          x = fma(-ld(lb + j * 16u + r), xv[j - r4], x);
+        }
+        xv[m] = x;
+      }
+      st4(xb + r4, xv);
+    }
+  }
+  workgroupBarrier();
+  for (var e = lid; e < 4u * 64u; e += 256u) {
+    st4(blk(e / 64u, e / 64u) + 4u * (e % 64u), ld4(XS_AT + 4u * e));
+  }
+  workgroupBarrier();
+  // 2b. Block row bi (L_bi· is read here for the last time, so T_bi· replaces it): invocation
+  // (bj, c, r4) = (lid / 64, lid % 16, 4·(lid % 64 / 16)) owns rows r4 .. r4 + 3 of column c of
+  // block (bi, bj).
+  let c2 = lid % 16u;
+  let r2 = 4u * ((lid % 64u) / 16u);
+  let bj2 = lid / 64u;
+  for (var bi = 1u; bi < 4u; bi++) {
+    if (bj2 < bi) {
+      var acc = vec4<f32>(0.0);
+      for (var bk = bj2; bk < bi; bk++) {
+        let la = blk(bi, bk) + r2;
+        let ta = blk(bk, bj2) + c2 * 16u;
+        for (var m = 0u; m < 16u; m++) {
+          acc = fma(ld4(la + m * 16u), vec4<f32>(ld(ta + m)), acc);
+        }
+      }
+      st4(XS_AT + bj2 * 256u + c2 * 16u + r2, acc);
+    }
+    workgroupBarrier();
+    if (bj2 < bi) {
+      let da = blk(bi, bi) + r2;
+      let xa = XS_AT + bj2 * 256u + c2 * 16u;
+      var t = vec4<f32>(0.0);
+      for (var m = 0u; m < 16u; m++) {
+        t = fma(ld4(da + m * 16u), vec4<f32>(ld(xa + m)), t);
+      }
+      st4(blk(bi, bj2) + c2 * 16u + r2, -t);
+    }
+    workgroupBarrier();
+  }
+
+  // 3. W = T diag(β⊙γ) K and U = T diag(β) V, 16 columns of [K | V] at a time; invocation owns rows
+  // 16·bi + rr .. +3 and column c of the slab.
+  let c = lid % 16u;
+  let bi = q4 / 4u;
+  let rr = (q4 % 4u) * 4u;
+  // Rows of a block wholly past cn are zero: T is the identity there and the slab's rows are zero.
+  let jmax = select(min(cn, 16u * (bi + 1u)), 0u, 16u * bi >= cn);
+  let n_cols = p.dk + p.dv;
+  for (var col0 = 0u; col0 < n_cols; col0 += SLAB) {
+    // Rows 4·(e / SLAB) .. +3 of column e % SLAB.
+    for (var e = lid; e < C * SLAB / 4u; e += 256u) {
+      let j = 4u * (e / SLAB);
+      let col = col0 + e % SLAB;
+      var x = vec4<f32>(0.0);
+      for (var m = 0u; m < 4u; m++) {
+        if (j + m < cn) {
+          if (col < p.dk) {
+            x[m] = bs[j + m] * gam[j + m] * k[kb + (t0 + j + m) * p.k_st0 + col];
+          } else if (col < n_cols) {
+            x[m] = bs[j + m] * v[vb + (t0 + j + m) * p.v_st0 + col - p.dk];
+          }
+        }
+      }
+      st4(XS_AT + (e % SLAB) * ST + j, x);
+    }
+    workgroupBarrier();
+    // Four j at a time; reading up to 3 j past jmax adds zeros (the slab is zero from cn on, T is
+    // zero above the diagonal).
+    var acc = vec4<f32>(0.0);
+    for (var bj = 0u; 16u * bj < jmax; bj++) {
+      let ta = blk(bi, bj) + rr;
+      let xa = XS_AT + c * ST + 16u * bj;
+      let jn = min(16u, jmax - 16u * bj);
+      for (var j = 0u; j < jn; j += 4u) {
+        let x = ld4(xa + j);
+        acc = fma(ld4(ta + j * 16u), vec4<f32>(x.x), acc);
+        acc = fma(ld4(ta + (j + 1u) * 16u), vec4<f32>(x.y), acc);
+        acc = fma(ld4(ta + (j + 2u) * 16u), vec4<f32>(x.z), acc);
+        acc = fma(ld4(ta + (j + 3u) * 16u), vec4<f32>(x.w), acc);
       }
     }
-    scratch[w_at + idx] = wv;
-  }
-  for (var u = 0u; u < p.pairs; u++) {
-    let idx = lid + u * 256u;
-    let i = idx / C;
-    let j = idx % C;
-    scratch[p_at + idx] = pv[u];
-    var tb = 0.0;
-    if (j <= i) {
-      tb = wsm[i * (i + 1u) / 2u + j] * bs[j];
+    let col = col0 + c;
+    let i = 16u * bi + rr;
+    if (col < p.dk) {
+      for (var m = 0u; m < 4u; m++) {
+        scratch[w_at + col * C + i + m] = acc[m];
+      }
+    } else if (col < n_cols) {
+      for (var m = 0u; m < 4u; m++) {
+        scratch[u_at + (i + m) * p.dv + col - p.dk] = acc[m];
+      }
     }
-    scratch[tb_at + idx] = tb;
+    workgroupBarrier();
   }
 }

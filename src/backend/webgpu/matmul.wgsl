@@ -3,30 +3,35 @@
 // Layout: x [n,k] F32 (row stride x_st: x may be a column slice), w [m,k] F32 contiguous (one piece
 // of a weight split on row boundaries at upload: the piece's rows are output columns
 // [col0, col0 + m)), bias [M] or a dummy, out [n, M] (row stride o_st).
-// Three entry points; the dispatch takes `matmul_rows` for n ≤ 8, else `matmul` where the output has
-// enough 128×128 tiles to fill a large GPU, else `matmul_small`. Workgroups are folded (linear index,
-// tiles_m tiles per tile row).
+// Three entry points; the dispatch (ops.cpp) takes `matmul_rows` for n ≤ 8, else `matmul` where
+// the output has enough 128×128 tiles to fill a large GPU, else `matmul_small`. Workgroups are
+// folded (linear index, tiles_m tiles per tile row).
 // - matmul: one 256-invocation workgroup (16×16) per 128×128 tile. Each invocation owns an 8×8
 //   block — rows {4·ty..4·ty+3, 64+4·ty..+3}, columns {4·tx..4·tx+3, 64+4·tx..+3} — in 16 vec4 FP32
 //   registers: per k it reads two vec4 of x and two of w from workgroup memory and issues 16 vec4
-//   FMAs (64 FMAs per 4 shared loads). x and w tiles [16][128]: 2 × 8 KiB = 16 KiB of workgroup
-//   memory (the minimum every adapter offers).
-// - matmul_small: the same with 64×64 tiles, a 4×4 block per invocation (4 vec4 FMAs per k), 8 KiB.
+//   FMAs (64 FMAs per 4 shared loads). One x and one w tile [16][128] (2 × 8 KiB, the 16 KiB every
+//   adapter offers), so two barriers per k step (tiles free before the store, stored before the
+//   reads). A double-buffered version (32 KiB, one barrier per step) measured 13 TFLOP/s on the
+//   H200 against this one's 24 at 4096³, so it was dropped.
+// - matmul_small: 256 invocations per 64×64 tile, a 4×4 block per invocation (4 vec4 FMAs per two
+//   shared loads), two buffered pairs of [16][64] tiles (16 KiB), one barrier per step.
 // - matmul_rows: few rows (decode-like passes, readouts), where the cost is streaming w: one
-//   128-invocation workgroup per 16 output columns (4× the workgroups of matmul_small, so more of w
-//   is in flight); all invocations load a [16 columns × 128 k] slab of w (8 KiB) and x [8 × 128]
-//   per step, and invocation (row lid / 16, column lid % 16) owns one output element, reading its x
-//   row and w column as vec4 (4 FMAs per two 16-byte shared loads). 12.4 KiB of workgroup memory.
-// The tiled two walk k in steps of 16 with the tiles held transposed (k-major, rows in vec4 quads);
+//   128-invocation workgroup per 16 output columns (more of w in flight than any tiled kernel);
+//   all invocations load a [16 columns × 128 k] slab of w (8 KiB) and x [8 × 128] per step, and
+//   invocation (row lid / 16, column lid % 16) owns one output element, reading its x row and w
+//   column as vec4 (4 FMAs per two 16-byte shared loads). 12.4 KiB of workgroup memory.
+// The tiled ones walk k in steps of 16 with the tiles held transposed (k-major, rows in vec4 quads);
 // quad q of k row kk is stored at column q ^ (kk & 7), so the 8 invocations of a 128-bit store
 // wavefront (8 consecutive kk, one quad) hit 8 distinct 16-byte bank groups (unswizzled: one).
-// All three issue the next step's global loads before the current step's FMAs (register prefetch):
-// two barriers per step, and the load latency overlaps the arithmetic.
+// Loader role of the tiled ones: invocation lid loads k offset lid % 16 of x quads and w quads
+// (16 neighbours read 16 consecutive k of one row: 64-byte runs).
+// All issue the next step's global loads before the current step's FMAs (register prefetch), so
+// the load latency overlaps the arithmetic.
 // Each output element is accumulated in ascending k (zero-padded to a multiple of 16), one FMA per
 // step from 0, bias last, in every entry point: results do not depend on n, on the row's position,
 // or on the entry point picked.
 // Preconditions: n ≥ 1 and m ≥ 1 (the dispatch skips empty outputs), n ≤ 8 for matmul_rows; edges
-// are masked.
+// are masked. Workgroup memory: each entry point fits the 16 KiB every adapter offers.
 
 struct Params {
   n: u32, k: u32, m: u32, tiles_m: u32,
@@ -40,13 +45,14 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
-const KT: u32 = 16u;  // k step
+const KT: u32 = 16u;  // k step of the tiled entry points
 
-// [KT][quads] swizzled: quad q of k row kk sits at kk * quads + (q ^ (kk & 7)).
-var<workgroup> xs: array<vec4<f32>, 512>;        // matmul: 32 quads
+// Tiles [KT][quads] swizzled: quad q of k row kk sits at kk * quads + (q ^ (kk & 7)); matmul_small
+// holds two such tiles back to back.
+var<workgroup> xs: array<vec4<f32>, 512>;          // matmul: 32 quads
 var<workgroup> ws: array<vec4<f32>, 512>;
-var<workgroup> xs_small: array<vec4<f32>, 256>;  // matmul_small: 16 quads
-var<workgroup> ws_small: array<vec4<f32>, 256>;
+var<workgroup> xs_small: array<vec4<f32>, 512>;    // matmul_small: 2 × 16 quads
+var<workgroup> ws_small: array<vec4<f32>, 512>;
 
 const ROWS_KT: u32 = 128u;  // matmul_rows: k step
 const ROWS_Q: u32 = 33u;    // matmul_rows: vec4 per slab row, ROWS_KT / 4 + 1 (the pad staggers banks)
@@ -97,6 +103,76 @@ fn store4(r: u32, c: u32, v: vec4<f32>) {
   }
 }
 
+// A 4×4 block of accumulators: rj holds block row j, four output columns.
+struct Block4 {
+  r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32>,
+}
+
+// One k of a 4×4 block: xv holds the block's four rows of x, wv its four columns of w.
+fn fma4(a: Block4, xv: vec4<f32>, wv: vec4<f32>) -> Block4 {
+  return Block4(fma(vec4<f32>(xv.x), wv, a.r0), fma(vec4<f32>(xv.y), wv, a.r1),
+                fma(vec4<f32>(xv.z), wv, a.r2), fma(vec4<f32>(xv.w), wv, a.r3));
+}
+
+fn store_block4(r: u32, c: u32, a: Block4) {
+  store4(r, c, a.r0);
+  store4(r + 1u, c, a.r1);
+  store4(r + 2u, c, a.r2);
+  store4(r + 3u, c, a.r3);
+}
+
+// The 8×8 block of matmul as four 4×4 quarters (rows lo/hi, columns lo/hi).
+struct Block8 {
+  ll: Block4, lh: Block4, hl: Block4, hh: Block4,
+}
+
+fn fma8(a: Block8, xa: vec4<f32>, xb: vec4<f32>, wa: vec4<f32>, wb: vec4<f32>) -> Block8 {
+  return Block8(fma4(a.ll, xa, wa), fma4(a.lh, xa, wb), fma4(a.hl, xb, wa), fma4(a.hh, xb, wb));
+}
+
+// matmul's roles: the block an invocation owns and the quads it loads.
+struct Tile128 {
+  row0: u32, colt0: u32,
+  ty: u32, tx: u32,                 // compute role: the 8×8 block
+  q_load: u32, kk_load: u32,        // loader role: x and w quads q_load and q_load + 16
+  st_lo: u32,                       // where the loader's low quads go in a tile (high: + 16)
+}
+
+fn tile128(tile: u32, lid: u32) -> Tile128 {
+  let kk = lid % KT;
+  let q = lid / KT;
+  return Tile128((tile / p.tiles_m) * 128u, (tile % p.tiles_m) * 128u, lid / 16u, lid % 16u, q, kk,
+                 kk * 32u + (q ^ (kk & 7u)));
+}
+
+// The loader's four quads (x low, x high, w low, w high) at step k0.
+struct Quads128 {
+  x0: vec4<f32>, x1: vec4<f32>, w0: vec4<f32>, w1: vec4<f32>,
+}
+
+fn load128(t: Tile128, k0: u32) -> Quads128 {
+  let l = k0 + t.kk_load;
+  return Quads128(load_x(t.row0 + 4u * t.q_load, l), load_x(t.row0 + 64u + 4u * t.q_load, l),
+                  load_w(t.colt0 + 4u * t.q_load, l), load_w(t.colt0 + 64u + 4u * t.q_load, l));
+}
+
+fn store_block8(t: Tile128, a: Block8) {
+  let r_lo = t.row0 + 4u * t.ty;
+  let c_lo = t.colt0 + 4u * t.tx;
+  store_block4(r_lo, c_lo, a.ll);
+  store_block4(r_lo, c_lo + 64u, a.lh);
+  store_block4(r_lo + 64u, c_lo, a.hl);
+  store_block4(r_lo + 64u, c_lo + 64u, a.hh);
+}
+
+fn zero_block4() -> Block4 {
+  return Block4(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+}
+
+fn zero_block8() -> Block8 {
+  return Block8(zero_block4(), zero_block4(), zero_block4(), zero_block4());
+}
+
 @compute @workgroup_size(256)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
@@ -104,76 +180,27 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
   if (tile >= (p.n + 127u) / 128u * p.tiles_m) {
     return;
   }
-  let row0 = (tile / p.tiles_m) * 128u;
-  let colt0 = (tile % p.tiles_m) * 128u;
-  let ty = lid / 16u;
-  let tx = lid % 16u;
-  // Loader role: k offset kk = lid % 16 (16 neighbours read 16 consecutive k of one row: 64-byte
-  // runs), quads q and q + 16 with q = lid / 16.
-  let kk_load = lid % KT;
-  let q_load = lid / KT;
-  let st_lo = kk_load * 32u + (q_load ^ (kk_load & 7u));
-  let st_hi = st_lo + 16u;
-
-  var px0 = load_x(row0 + 4u * q_load, kk_load);
-  var px1 = load_x(row0 + 64u + 4u * q_load, kk_load);
-  var pw0 = load_w(colt0 + 4u * q_load, kk_load);
-  var pw1 = load_w(colt0 + 64u + 4u * q_load, kk_load);
-
-  // Accumulators: aR_lo / aR_hi hold row R of the 8×8 block, columns 4·tx.. and 64+4·tx..
-  var a0l = vec4<f32>(0.0); var a0h = vec4<f32>(0.0);
-  var a1l = vec4<f32>(0.0); var a1h = vec4<f32>(0.0);
-  var a2l = vec4<f32>(0.0); var a2h = vec4<f32>(0.0);
-  var a3l = vec4<f32>(0.0); var a3h = vec4<f32>(0.0);
-  var a4l = vec4<f32>(0.0); var a4h = vec4<f32>(0.0);
-  var a5l = vec4<f32>(0.0); var a5h = vec4<f32>(0.0);
-  var a6l = vec4<f32>(0.0); var a6h = vec4<f32>(0.0);
-  var a7l = vec4<f32>(0.0); var a7h = vec4<f32>(0.0);
-
+  let t = tile128(tile, lid);
+  var pre = load128(t, 0u);
+  var acc = zero_block8();
   for (var k0 = 0u; k0 < p.k; k0 += KT) {
-    xs[st_lo] = px0;
-    xs[st_hi] = px1;
-    ws[st_lo] = pw0;
-    ws[st_hi] = pw1;
+    xs[t.st_lo] = pre.x0;
+    xs[t.st_lo + 16u] = pre.x1;
+    ws[t.st_lo] = pre.w0;
+    ws[t.st_lo + 16u] = pre.w1;
     workgroupBarrier();
-    let kn = k0 + KT + kk_load;
     if (k0 + KT < p.k) {
-      px0 = load_x(row0 + 4u * q_load, kn);
-      px1 = load_x(row0 + 64u + 4u * q_load, kn);
-      pw0 = load_w(colt0 + 4u * q_load, kn);
-      pw1 = load_w(colt0 + 64u + 4u * q_load, kn);
+      pre = load128(t, k0 + KT);
     }
     for (var kk = 0u; kk < KT; kk++) {
       let s = kk & 7u;
       let base = kk * 32u;
-      let xa = xs[base + (ty ^ s)];
-      let xb = xs[base + 16u + (ty ^ s)];
-      let wa = ws[base + (tx ^ s)];
-      let wb = ws[base + 16u + (tx ^ s)];
-      a0l = fma(vec4<f32>(xa.x), wa, a0l); a0h = fma(vec4<f32>(xa.x), wb, a0h);
-      a1l = fma(vec4<f32>(xa.y), wa, a1l); a1h = fma(vec4<f32>(xa.y), wb, a1h);
-      a2l = fma(vec4<f32>(xa.z), wa, a2l); a2h = fma(vec4<f32>(xa.z), wb, a2h);
-      a3l = fma(vec4<f32>(xa.w), wa, a3l); a3h = fma(vec4<f32>(xa.w), wb, a3h);
-      a4l = fma(vec4<f32>(xb.x), wa, a4l); a4h = fma(vec4<f32>(xb.x), wb, a4h);
-      a5l = fma(vec4<f32>(xb.y), wa, a5l); a5h = fma(vec4<f32>(xb.y), wb, a5h);
-      a6l = fma(vec4<f32>(xb.z), wa, a6l); a6h = fma(vec4<f32>(xb.z), wb, a6h);
-      a7l = fma(vec4<f32>(xb.w), wa, a7l); a7h = fma(vec4<f32>(xb.w), wb, a7h);
+      acc = fma8(acc, xs[base + (t.ty ^ s)], xs[base + 16u + (t.ty ^ s)], ws[base + (t.tx ^ s)],
+                 ws[base + 16u + (t.tx ^ s)]);
     }
     workgroupBarrier();
   }
-
-  let r_lo = row0 + 4u * ty;
-  let r_hi = row0 + 64u + 4u * ty;
-  let c_lo = colt0 + 4u * tx;
-  let c_hi = colt0 + 64u + 4u * tx;
-  store4(r_lo, c_lo, a0l); store4(r_lo, c_hi, a0h);
-  store4(r_lo + 1u, c_lo, a1l); store4(r_lo + 1u, c_hi, a1h);
-  store4(r_lo + 2u, c_lo, a2l); store4(r_lo + 2u, c_hi, a2h);
-  store4(r_lo + 3u, c_lo, a3l); store4(r_lo + 3u, c_hi, a3h);
-  store4(r_hi, c_lo, a4l); store4(r_hi, c_hi, a4h);
-  store4(r_hi + 1u, c_lo, a5l); store4(r_hi + 1u, c_hi, a5h);
-  store4(r_hi + 2u, c_lo, a6l); store4(r_hi + 2u, c_hi, a6h);
-  store4(r_hi + 3u, c_lo, a7l); store4(r_hi + 3u, c_hi, a7h);
+  store_block8(t, acc);
 }
 
 @compute @workgroup_size(256)
@@ -194,37 +221,32 @@ fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 
   var px = load_x(row0 + 4u * q_load, kk_load);
   var pw = load_w(colt0 + 4u * q_load, kk_load);
-  var a0 = vec4<f32>(0.0);
-  var a1 = vec4<f32>(0.0);
-  var a2 = vec4<f32>(0.0);
-  var a3 = vec4<f32>(0.0);
-
+  xs_small[st] = px;
+  ws_small[st] = pw;
+  workgroupBarrier();
+  var acc = zero_block4();
+  var cur = 0u;  // the tile pair being read: 0 or 256
   for (var k0 = 0u; k0 < p.k; k0 += KT) {
-    xs_small[st] = px;
-    ws_small[st] = pw;
-    workgroupBarrier();
-    if (k0 + KT < p.k) {
+    let more = k0 + KT < p.k;
+    if (more) {
       px = load_x(row0 + 4u * q_load, k0 + KT + kk_load);
       pw = load_w(colt0 + 4u * q_load, k0 + KT + kk_load);
     }
     for (var kk = 0u; kk < KT; kk++) {
       let s = kk & 7u;
-      let xa = xs_small[kk * 16u + (ty ^ s)];
-      let wa = ws_small[kk * 16u + (tx ^ s)];
-      a0 = fma(vec4<f32>(xa.x), wa, a0);
-      a1 = fma(vec4<f32>(xa.y), wa, a1);
-      a2 = fma(vec4<f32>(xa.z), wa, a2);
-      a3 = fma(vec4<f32>(xa.w), wa, a3);
+      let base = cur + kk * 16u;
+      acc = fma4(acc, xs_small[base + (ty ^ s)], ws_small[base + (tx ^ s)]);
+    }
+    // The other pair was last read before the previous barrier, so it can be refilled now; the
+    // barrier below publishes it (and ends this step's reads of `cur`).
+    cur ^= 256u;
+    if (more) {
+      xs_small[cur + st] = px;
+      ws_small[cur + st] = pw;
     }
     workgroupBarrier();
   }
-
-  let r = row0 + 4u * ty;
-  let c = colt0 + 4u * tx;
-  store4(r, c, a0);
-  store4(r + 1u, c, a1);
-  store4(r + 2u, c, a2);
-  store4(r + 3u, c, a3);
+  store_block4(row0 + 4u * ty, colt0 + 4u * tx, acc);
 }
 
 // matmul_rows: w columns (put_w_rows) or x rows (put_x_rows) c0..c0+3 at k = l of the step.

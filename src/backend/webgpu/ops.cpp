@@ -4,6 +4,8 @@
 // described at the top of each .wgsl file.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cpu/ops.h"
 #include "backend/webgpu/backend_impl.h"
@@ -16,14 +18,17 @@ namespace {
 constexpr uint64_t kGroup = 256;  // invocations per workgroup of the element-wise kernels
 constexpr uint32_t kChunk = 64;   // GDN chunk length (gated_delta_net*.wgsl)
 constexpr uint32_t kSlice = 16;   // GDN state columns per workgroup (gated_delta_net.wgsl)
-constexpr int64_t kQueryTile = 8; // queries per attention workgroup (attention.wgsl)
-constexpr uint64_t kMatmulTile = 128;      // output tile edge of matmul.wgsl's `matmul`
-constexpr uint64_t kMatmulSmallTile = 64;  // ... and of its `matmul_small`
-// `matmul` (128×128 tiles) from about one tile per multiprocessor of a large GPU (an H200 has 132);
-// below, `matmul_small`'s four times as many 64×64 tiles spread over more multiprocessors. The
-// prefill's n_embd-wide outputs at ~2,200 tokens have 18 × 8 = 144 tiles of 128, just above.
-// Estimated from occupancy, not measured: tune on the GPU.
-constexpr uint64_t kMatmulMinLargeTiles = 128;
+constexpr int64_t kAttnRows = 64;  // query rows (tokens × heads of a KV group) per attention workgroup
+constexpr int64_t kAttnKeys = 32;  // keys per attention key tile (attention.wgsl)
+// Key splits (flash-decoding): a pass's key tiles spread over at least about two workgroups per
+// multiprocessor of a large GPU (an H200 has 132), at most 16 splits a tile and at least 2 key tiles
+// (64 keys) a split. Estimated from occupancy, not measured: tune on the GPU.
+constexpr int64_t kAttnTargetGroups = 264;
+constexpr int64_t kAttnMaxSplits = 16;
+constexpr int64_t kAttnMinSplitTiles = 2;
+constexpr uint64_t kMatmulTile = 128;            // output tile edge of matmul.wgsl's `matmul`
+constexpr uint64_t kMatmulSmallTile = 64;        // ... of its `matmul_small`
+constexpr uint64_t kMatmulMinLargeTiles = 128;   // `matmul` from this many 128×128 output tiles
 constexpr int64_t kMatmulMaxRows = 8;        // rows of `matmul_rows` (one x row per 16 invocations)
 constexpr uint64_t kMatmulRowsColumns = 16;  // output columns per `matmul_rows` workgroup
 
@@ -47,10 +52,11 @@ const KernelSpec kMatmulRows{"matmul", "matmul_rows", 4};
 const KernelSpec kConv{"causal_conv1d", "conv", 6};
 const KernelSpec kConvState{"causal_conv1d", "conv_state", 6};
 const KernelSpec kRope{"rope", "rope", 3};
-const KernelSpec kAttention{"attention", "attention", 7};
+const KernelSpec kAttention{"attention", "attention", 8};
+const KernelSpec kAttentionCombine{"attention", "attention_combine", 8};
 const KernelSpec kPointer{"pointer_head", "pointer_logits", 4};
-const KernelSpec kGdnPrep{"gated_delta_net_prep", "prep", 6};
-const KernelSpec kGdnRecur{"gated_delta_net", "recur", 8};
+const KernelSpec kGdnPrep{"gated_delta_net_prep", "prep", 7};
+const KernelSpec kGdnRecur{"gated_delta_net", "recur", 7};
 
 // Outer dims of a rank 1..4 tensor folded to (s0, s1, s2), front-padded with 1 (stride 0).
 struct Outer {
@@ -118,13 +124,13 @@ struct RopeParams {
 static_assert(sizeof(RopeParams) == 32);
 
 struct AttentionParams {
-  uint32_t n_tiles, h, hkv, hd, ls, qt;
+  uint32_t n_work, h, hkv, hd, ls;
   float scale;
-  uint32_t pad0;
+  uint32_t gw, n_hchunks, max_splits, n, work_base, split_base;
   uint32_t q_off, q_st0, q_st1, k_off, k_st0, k_st1, v_off, v_st0, v_st1, pk_off, pk_st0, pk_st1, pv_off, pv_st0,
-      pv_st1, o_off, o_st0, o_st1, pad1, pad2;
+      pv_st1, o_off, o_st0, o_st1, pad2, pad3;
 };
-static_assert(sizeof(AttentionParams) == 112);
+static_assert(sizeof(AttentionParams) == 128);
 
 struct PointerParams {
   uint32_t m, p_dim, q_rows, u_off, u_st, k_off, k_st, qi_off, o_off;
@@ -134,16 +140,16 @@ struct PointerParams {
 static_assert(sizeof(PointerParams) == 48);
 
 struct GdnPrepParams {
-  uint32_t hk, hv, dk, n_chunks, q_off, q_st0, q_st1, k_off, k_st0, k_st1, g_off, g_st, b_off, b_st, chunk_base,
-      region, pairs, pad0, pad1, pad2;
+  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, k_off, k_st0, k_st1, v_off, v_st0, v_st1, g_off, g_st, b_off, b_st,
+      n_chunks, chunk_base, region;
 };
 static_assert(sizeof(GdnPrepParams) == 80);
 
 struct GdnRecurParams {
-  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, k_off, k_st0, k_st1, v_off, v_st0, v_st1, o_off, o_st0, o_st1, si_off,
-      so_off, has_state_in, has_state_out, n_seqs, n_slices, region, pad0;
+  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, k_off, k_st0, k_st1, o_off, o_st0, o_st1, si_off, so_off, has_state_in,
+      has_state_out, n_seqs, n_slices, region;
 };
-static_assert(sizeof(GdnRecurParams) == 96);
+static_assert(sizeof(GdnRecurParams) == 80);
 
 }  // namespace
 
@@ -462,6 +468,10 @@ Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bia
       KEV_TRY(dispatch(kOp, kMatmulRows, &p, sizeof p, {bx.b, part.bw.b, bb.b, bo.b}, p.tiles_m));
       continue;
     }
+    // 128×128 tiles where there are about enough of them to fill a large GPU (an H200 has 132
+    // multiprocessors), else 64×64 tiles. Measured on the H200 (docs/backends.md): a double-buffered
+    // 128×128 kernel (32 KiB) ran at 13 TFLOP/s against this one's 24, and 32×64 tiles for the
+    // smallest outputs gained nothing over 64×64.
     const bool large = ceil_div(n, kMatmulTile) * ceil_div(part.cols, kMatmulTile) >= kMatmulMinLargeTiles;
     const uint64_t tile = large ? kMatmulTile : kMatmulSmallTile;
     p.tiles_m = u32(ceil_div(part.cols, tile));
@@ -533,17 +543,25 @@ Status WebGpuBackend::rope(const Tensor& x, const SeqLayout& layout, int64_t n_r
   for (int64_t r = 0; r < layout.n_seqs(); ++r) {
     max_len = std::max<int64_t>(max_len, layout.offsets[r + 1] - layout.offsets[r]);
   }
-  // Angles in double on the host, as the CPU backend does (see rope.wgsl).
-  std::vector<float> table(static_cast<size_t>(max_len * 2 * half));
-  for (int64_t i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
-    for (int64_t t = 0; t < max_len; ++t) {
-      const double phi = static_cast<double>(layout.pos0 + t) * inv_freq;
-      table[t * 2 * half + i] = static_cast<float>(std::cos(phi));
-      table[t * 2 * half + half + i] = static_cast<float>(std::sin(phi));
+  // Angles in double on the host, as the CPU backend does (see rope.wgsl); computed and staged once
+  // per pass for each (positions, n_rot, theta).
+  const RopeTable key{device_->flushes(), layout.pos0, max_len, n_rot, theta, Binding{}};
+  if (!rope_table_ || rope_table_->flushes != key.flushes || rope_table_->pos0 != key.pos0 ||
+      rope_table_->max_len != key.max_len || rope_table_->n_rot != key.n_rot || rope_table_->theta != key.theta) {
+    std::vector<float> table(static_cast<size_t>(max_len * 2 * half));
+    for (int64_t i = 0; i < half; ++i) {
+      const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
+      for (int64_t t = 0; t < max_len; ++t) {
+        const double phi = static_cast<double>(layout.pos0 + t) * inv_freq;
+        table[t * 2 * half + i] = static_cast<float>(std::cos(phi));
+        table[t * 2 * half + half + i] = static_cast<float>(std::sin(phi));
+      }
     }
+    KEV_ASSIGN_OR_RETURN(Binding staged, device_->stage(table.data(), table.size() * sizeof(float)));
+    rope_table_ = key;
+    rope_table_->binding = staged;
   }
-  KEV_ASSIGN_OR_RETURN(Binding bt, device_->stage(table.data(), table.size() * sizeof(float)));
+  const Binding bt = rope_table_->binding;
   KEV_ASSIGN_OR_RETURN(Binding offsets, stage_offsets(layout));
   KEV_ASSIGN_OR_RETURN(Bound bx, bind(kOp, "x", x, 2));
   RopeParams p{};
@@ -577,23 +595,79 @@ Status WebGpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& 
   KEV_ASSIGN_OR_RETURN(Bound bpv, bind(kOp, "prefix_v", use_prefix ? prefix_v : none, 4));
   KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 6));
   KEV_TRY(separate(kOp, {&bq, &bk, &bv, &bpk, &bpv}, {&bo}));
-  // Query tiles of up to kQueryTile consecutive tokens of one sequence: (sequence start, τ0, count, 0).
-  std::vector<uint32_t> tiles;
+  // A workgroup's 64 rows: `tpw` tokens × `gw` of the G heads sharing a KV head (G > 64: head chunks).
+  const int64_t Hkv = k.shape[1], G = H / Hkv, Ls = use_prefix ? prefix_k.shape[0] : 0;
+  const int64_t gw = std::min(G, kAttnRows), tpw = kAttnRows / gw;
+  // Query tiles of up to tpw consecutive tokens of one sequence, and their key tile counts.
+  struct QueryTile {
+    int64_t begin, tau0, count, key_tiles;
+  };
+  std::vector<QueryTile> qtiles;
+  int64_t total_key_tiles = 0;
   for (int64_t r = 0; r < layout.n_seqs(); ++r) {
     const int64_t len = layout.offsets[r + 1] - layout.offsets[r];
-    for (int64_t tau0 = 0; tau0 < len; tau0 += kQueryTile) {
-      tiles.insert(tiles.end(), {u32(layout.offsets[r]), u32(tau0), u32(std::min(kQueryTile, len - tau0)), 0u});
+    for (int64_t tau0 = 0; tau0 < len; tau0 += tpw) {
+      const int64_t count = std::min(tpw, len - tau0);
+      qtiles.push_back({layout.offsets[r], tau0, count, (Ls + tau0 + count + kAttnKeys - 1) / kAttnKeys});
+      total_key_tiles += qtiles.back().key_tiles;
     }
   }
-  KEV_ASSIGN_OR_RETURN(Binding bt, device_->stage(tiles.data(), tiles.size() * sizeof(uint32_t)));
+  const int64_t n_hchunks = (G + gw - 1) / gw, per_item = Hkv * n_hchunks;
+  // Key splits: a tile's key tiles go in pieces of about `goal` key tiles, so no workgroup carries more
+  // than the average load of kAttnTargetGroups workgroups (passes with few tiles, or a causal
+  // prefill's long last tiles, still spread over the GPU); at least kAttnMinSplitTiles key tiles a
+  // piece, at most kAttnMaxSplits pieces a tile, and every split's partial rows (hd + 2 floats per
+  // token and head) within one scratch binding (else the pass runs unsplit).
+  const uint64_t split_bytes = static_cast<uint64_t>(n) * H * (hd + 2) * sizeof(float);
+  const int64_t fit = std::min<int64_t>(kAttnMaxSplits, static_cast<int64_t>(limits_.max_binding / split_bytes));
+  const int64_t goal =
+      std::max(kAttnMinSplitTiles, (total_key_tiles * per_item + kAttnTargetGroups - 1) / kAttnTargetGroups);
+  struct Work {
+    uint32_t tile, kt0, kt1, split;
+  };
+  std::vector<Work> work;
+  // Staged table: per tile (sequence start, τ0, count, splits), then the work items, then per token
+  // its tile's split count (attention.wgsl's header).
+  std::vector<uint32_t> table;
+  std::vector<uint32_t> token_splits(static_cast<size_t>(n), 1);
+  int64_t max_splits = 1;
+  for (size_t i = 0; i < qtiles.size(); ++i) {
+    const QueryTile& t = qtiles[i];
+    const int64_t want = fit < 2 ? 1 : std::min(fit, (t.key_tiles + goal - 1) / goal);
+    const int64_t piece = (t.key_tiles + want - 1) / want;
+    const int64_t splits = (t.key_tiles + piece - 1) / piece;
+    for (int64_t s = 0; s < splits; ++s) {
+      work.push_back({u32(i), u32(s * piece), u32(std::min(t.key_tiles, (s + 1) * piece)), u32(s)});
+    }
+    table.insert(table.end(), {u32(t.begin), u32(t.tau0), u32(t.count), u32(splits)});
+    std::fill_n(token_splits.begin() + t.begin + t.tau0, t.count, u32(splits));
+    max_splits = std::max(max_splits, splits);
+  }
+  // Longest work items first, so the GPU's last workgroups are short ones.
+  std::stable_sort(work.begin(), work.end(),
+                   [](const Work& a, const Work& b) { return a.kt1 - a.kt0 > b.kt1 - b.kt0; });
+  const size_t work_base = table.size();
+  for (const Work& w : work) table.insert(table.end(), {w.tile, w.kt0, w.kt1, w.split});
+  const size_t split_base = table.size();
+  table.insert(table.end(), token_splits.begin(), token_splits.end());
+  KEV_ASSIGN_OR_RETURN(Binding bt, device_->stage(table.data(), table.size() * sizeof(uint32_t)));
+  Binding part = device_->dummy(7);
+  if (max_splits > 1) {
+    KEV_ASSIGN_OR_RETURN(part, device_->scratch(static_cast<uint64_t>(max_splits) * split_bytes));
+  }
   AttentionParams p{};
-  p.n_tiles = u32(tiles.size() / 4);
+  p.n_work = u32(work.size());
   p.h = u32(H);
-  p.hkv = u32(k.shape[1]);
+  p.hkv = u32(Hkv);
   p.hd = u32(hd);
-  p.ls = use_prefix ? u32(prefix_k.shape[0]) : 0;
-  p.qt = u32(kQueryTile);
+  p.ls = u32(Ls);
   p.scale = scale;
+  p.gw = u32(gw);
+  p.n_hchunks = u32(n_hchunks);
+  p.max_splits = u32(max_splits);
+  p.n = u32(n);
+  p.work_base = u32(work_base);
+  p.split_base = u32(split_base);
   p.q_off = bq.off;
   p.q_st0 = u32(q.stride[0]);
   p.q_st1 = u32(q.stride[1]);
@@ -614,8 +688,11 @@ Status WebGpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& 
   p.o_off = bo.off;
   p.o_st0 = u32(out.stride[0]);
   p.o_st1 = u32(out.stride[1]);
-  return dispatch(kOp, kAttention, &p, sizeof p, {bq.b, bk.b, bv.b, bpk.b, bpv.b, bt, bo.b},
-                  uint64_t{p.n_tiles} * static_cast<uint64_t>(H));
+  KEV_TRY(dispatch(kOp, kAttention, &p, sizeof p, {bq.b, bk.b, bv.b, bpk.b, bpv.b, bt, bo.b, part},
+                   work.size() * static_cast<uint64_t>(per_item)));
+  if (max_splits == 1) return Status::success();
+  return dispatch(kOp, kAttentionCombine, &p, sizeof p, {bq.b, bk.b, bv.b, bpk.b, bpv.b, bt, bo.b, part},
+                  static_cast<uint64_t>(n * H));
 }
 
 Status WebGpuBackend::pointer_logits(const Tensor& u, const Tensor& kappa, const Tensor& question, float scale,
@@ -673,8 +750,9 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   KEV_ASSIGN_OR_RETURN(Bound bso, bind(kOp, "state_out", state_out, 7));
   KEV_TRY(separate(kOp, {&bq, &bk, &bv, &bg, &bbeta, &bs}, {&bo, &bso}));
 
-  // Sequences go in groups whose chunk matrices fit one scratch binding (usually all at once).
-  const uint64_t region = 2ull * kChunk * kChunk + uint64_t(kChunk) * dk + 2ull * kChunk;
+  // Sequences go in groups whose chunk matrices fit one scratch binding (usually all at once):
+  // Pᵀ [C×C], Wᵀ [dk×C], U [C×dv], γ and dlast [C] per chunk and value head.
+  const uint64_t region = uint64_t(kChunk) * kChunk + uint64_t(kChunk) * (dk + dv) + 2ull * kChunk;
   const uint64_t region_bytes = region * sizeof(float) * static_cast<uint64_t>(Hv);
   const uint64_t max_chunks = limits_.max_binding / region_bytes;
   std::vector<int64_t> chunks(R);
@@ -698,18 +776,21 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   pp.hk = u32(Hk);
   pp.hv = u32(Hv);
   pp.dk = u32(dk);
+  pp.dv = u32(dv);
   pp.q_off = bq.off;
   pp.q_st0 = u32(q.stride[0]);
   pp.q_st1 = u32(q.stride[1]);
   pp.k_off = bk.off;
   pp.k_st0 = u32(k.stride[0]);
   pp.k_st1 = u32(k.stride[1]);
+  pp.v_off = bv.off;
+  pp.v_st0 = u32(v.stride[0]);
+  pp.v_st1 = u32(v.stride[1]);
   pp.g_off = bg.off;
   pp.g_st = u32(g.stride[0]);
   pp.b_off = bbeta.off;
   pp.b_st = u32(beta.stride[0]);
   pp.region = u32(region);
-  pp.pairs = kChunk * kChunk / 256;
   GdnRecurParams rp{};
   rp.hk = u32(Hk);
   rp.hv = u32(Hv);
@@ -721,9 +802,6 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   rp.k_off = bk.off;
   rp.k_st0 = pp.k_st0;
   rp.k_st1 = pp.k_st1;
-  rp.v_off = bv.off;
-  rp.v_st0 = u32(v.stride[0]);
-  rp.v_st1 = u32(v.stride[1]);
   rp.o_off = bo.off;
   rp.o_st0 = u32(out.stride[0]);
   rp.o_st1 = u32(out.stride[1]);
@@ -753,10 +831,10 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
     KEV_ASSIGN_OR_RETURN(Binding bt, device_->stage(table.data(), table.size() * sizeof(uint32_t)));
     pp.n_chunks = u32(n_chunks);
     pp.chunk_base = u32(seqs.size());
-    KEV_TRY(dispatch(kOp, kGdnPrep, &pp, sizeof pp, {bq.b, bk.b, bg.b, bbeta.b, bt, scratch},
+    KEV_TRY(dispatch(kOp, kGdnPrep, &pp, sizeof pp, {bq.b, bk.b, bv.b, bg.b, bbeta.b, bt, scratch},
                      n_chunks * static_cast<uint64_t>(Hv)));
     rp.n_seqs = u32(r1 - r0);
-    KEV_TRY(dispatch(kOp, kGdnRecur, &rp, sizeof rp, {bq.b, bk.b, bv.b, bs.b, bt, scratch, bo.b, bso.b},
+    KEV_TRY(dispatch(kOp, kGdnRecur, &rp, sizeof rp, {bq.b, bk.b, bs.b, bt, scratch, bo.b, bso.b},
                      uint64_t{rp.n_slices} * Hv * rp.n_seqs));
     r0 = r1;
   }

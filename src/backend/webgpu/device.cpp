@@ -486,7 +486,10 @@ Result<Binding> Device::put(Ring& ring, WGPUBufferUsage usage, const void* data,
       RingChunk& c = ring.chunks[ring.chunk];
       const uint64_t off = align_up(ring.used, align);
       if (off + need <= c.size) {
-        wgpuQueueWriteBuffer(queue_, c.buffer, off, data, bytes);
+        // Into the chunk's host copy; flush() writes each chunk's used range with one writeBuffer
+        // before the submit (one call per pass instead of one per dispatch).
+        std::memcpy(c.host.data() + off, data, bytes);
+        c.dirty = off + bytes;
         ring.used = off + need;
         return Binding{c.buffer, off, need};
       }
@@ -496,7 +499,7 @@ Result<Binding> Device::put(Ring& ring, WGPUBufferUsage usage, const void* data,
     }
     const uint64_t size = std::max(kRingChunkBytes, align_up(need, align));
     KEV_ASSIGN_OR_RETURN(WGPUBuffer b, create_buffer(size, usage, "kev ring"));
-    ring.chunks.push_back({b, size});
+    ring.chunks.push_back({b, size, std::vector<uint8_t>(size), 0});
   }
 }
 
@@ -566,12 +569,11 @@ Status Device::dispatch(const char* op, const KernelSpec& kernel, const void* pa
   desc.entries = entries.data();
   WGPUBindGroup group = wgpuDeviceCreateBindGroup(device_, &desc);
   KEV_CHECK(group != nullptr, ErrorCode::Device, "webgpu: ", op, ": cannot create a bind group");
-  if (pass_ && pass_op_ != op) end_pass();
+  // One compute pass holds every dispatch up to the next copy or clear (each dispatch is its own
+  // usage scope, so Dawn still orders them); the bind group's label names the op in errors.
   if (!pass_) {
-    pass_op_ = op;
-    const std::string label = cat("kev:", op);
     WGPUComputePassDescriptor pdesc = WGPU_COMPUTE_PASS_DESCRIPTOR_INIT;
-    pdesc.label = sv(label);
+    pdesc.label = sv("kev");
     pass_ = wgpuCommandEncoderBeginComputePass(encoder_, &pdesc);
   }
   wgpuComputePassEncoderSetPipeline(pass_, p->pipeline);
@@ -607,6 +609,12 @@ Status Device::clear(WGPUBuffer dst, uint64_t offset, uint64_t size) {
 
 Status Device::flush() {
   KEV_TRY(check_alive());
+  for (Ring* ring : {&params_ring_, &data_ring_}) {
+    for (RingChunk& c : ring->chunks) {
+      if (c.dirty > 0) wgpuQueueWriteBuffer(queue_, c.buffer, 0, c.host.data(), align_up(c.dirty, 4));
+      c.dirty = 0;
+    }
+  }
   if (encoder_) {
     end_pass();
     WGPUCommandBufferDescriptor cdesc = WGPU_COMMAND_BUFFER_DESCRIPTOR_INIT;

@@ -8,11 +8,11 @@
 //   KEV_TRY(dev->read(b, 0, 1024, host));   // finishes the encoder, submits once, waits, maps
 //
 // Contracts:
-// - Recording is in order. Every op records compute passes into the current encoder; copies and
-//   clears end the open compute pass and are recorded between passes, so the GPU sees exactly the op
-//   order. Nothing reaches the GPU before flush() (or read(), which flushes).
-// - stage() writes host data into a per-pass storage ring (queue.writeBuffer at record time, each call
-//   at a fresh offset) and returns a binding to it (dispatch() puts params into a uniform ring alike); upload_ordered() stages and records a copy into the
+// - Recording is in order. Dispatches go into one open compute pass of the current encoder (each
+//   dispatch is its own usage scope, so Dawn orders them); copies and clears end it and are recorded
+//   between passes, so the GPU sees exactly the op order. Nothing reaches the GPU before flush() (or read(), which flushes).
+// - stage() writes host data into a per-pass storage ring (each call at a fresh offset; the ring's host
+//   copy reaches the GPU by one queue.writeBuffer per chunk just before the submit) and returns a binding to it (dispatch() puts params into a uniform ring alike); upload_ordered() stages and records a copy into the
 //   destination, so the data lands where the upload sits in the op order. The ring is reused only after
 //   flush() has waited for the pass.
 // - scratch() hands out transient GPU-only storage for the op being recorded; begin_op() recycles it
@@ -137,6 +137,8 @@ class Device {
   struct RingChunk {
     WGPUBuffer buffer = nullptr;
     uint64_t size = 0;
+    std::vector<uint8_t> host;  // what this pass put, written to `buffer` by flush()
+    uint64_t dirty = 0;         // bytes of `host` to write
   };
   Result<const Pipeline*> pipeline(const KernelSpec& kernel);
   Result<WGPUBindGroupLayout> layout_for(uint32_t n_storage);
@@ -165,7 +167,6 @@ class Device {
 
   WGPUCommandEncoder encoder_ = nullptr;
   WGPUComputePassEncoder pass_ = nullptr;
-  std::string pass_op_;  // op the open compute pass is labelled with
   bool recorded_ = false;
   uint64_t flushes_ = 0;
 

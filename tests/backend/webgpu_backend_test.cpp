@@ -375,6 +375,81 @@ INSTANTIATE_TEST_SUITE_P(WebGpu, AttentionEdges, ::testing::Range<size_t>(0, std
                            return std::string(kAttnEdges[info.param].name);
                          });
 
+// Gated delta rule shapes the op table does not reach: sequences of many chunks (the recurrence
+// walking 11-16 chunks, each chunk's output from its stored starting state), a partial last dv slice,
+// and sequences split into several scratch groups by a (test-lowered) storage binding limit.
+struct GdnEdge {
+  const char* name;
+  int64_t Hk, Hv, dk, dv;
+  std::vector<int64_t> seqs;
+  bool from_state, state_out, spiky;
+  uint64_t binding_limit;  // > 0: a backend planning with this storage binding limit
+};
+
+const GdnEdge kGdnEdges[] = {
+    {"long_spiky_from_state", 1, 2, 128, 128, {1000}, true, true, true, 0},   // 16 chunks
+    {"long_fresh_dv42", 2, 4, 64, 42, {700}, false, true, false, 0},  // 11 chunks, last dv slices partial
+    // 4 value heads × 147,968-byte regions: 5 chunks per 3 MiB group, so groups 130+65 | 200+64 | 1.
+    {"groups_at_binding_limit", 2, 4, 128, 128, {130, 65, 200, 64, 1}, true, false, false, uint64_t{3} << 20},
+};
+
+class GdnEdges : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(GdnEdges, MatchReference) {
+  REQUIRE_WEBGPU(shared);
+  const GdnEdge& e = kGdnEdges[GetParam()];
+  std::shared_ptr<Backend> gpu = shared;
+  if (e.binding_limit > 0) {
+    auto limited = create_webgpu_backend_with_binding_limit(BackendOptions{}, e.binding_limit);
+    ASSERT_TRUE(limited.ok()) << limited.status().to_string();
+    gpu = *limited;
+  }
+  int64_t n = 0;
+  for (int64_t l : e.seqs) n += l;
+  const SeqLayout layout = layout_of(e.seqs, 0, e.from_state);
+  const double qscale = 1.0 / std::sqrt(static_cast<double>(e.dk));
+  OpCase c{OpKind::GatedDeltaRule,
+           std::string(e.name) + ",Hk=" + std::to_string(e.Hk) + ",Hv=" + std::to_string(e.Hv) +
+               ",dk=" + std::to_string(e.dk) + ",dv=" + std::to_string(e.dv) + ",seqs=" + lengths_str(e.seqs),
+           {in("q", {n, e.Hk, e.dk}, l2_rows(qscale)), in("k", {n, e.Hk, e.dk}, l2_rows(1.0)),
+            in("v", {n, e.Hv, e.dv}, normal()), in("g", {n, e.Hv}, e.spiky ? spiky_log_decay() : log_decay()),
+            in("beta", {n, e.Hv}, uniform(0.0, 1.0)),
+            e.from_state ? in("state_in", {e.Hv, e.dk, e.dv}, normal(0, 0.3)) : absent("state_in"),
+            out("out", {n, e.Hv, e.dv}), e.state_out ? out("state_out", {e.Hv, e.dk, e.dv}) : absent("state_out")},
+           1e-9,  // the op table's GDN tolerance
+           [=](Backend& b, const std::vector<Tensor>& t) {
+             return b.gated_delta_rule(t[0], t[1], t[2], t[3], t[4], t[5], layout, t[6], t[7]);
+           }};
+  const CaseReport r = run_case(c, *gpu, cpu_reference());
+  ASSERT_TRUE(r.supported) << r.message;
+  EXPECT_TRUE(r.ok) << r.message;
+  std::cout << r.message;
+}
+
+INSTANTIATE_TEST_SUITE_P(WebGpu, GdnEdges, ::testing::Range<size_t>(0, std::size(kGdnEdges)),
+                         [](const ::testing::TestParamInfo<size_t>& info) {
+                           return std::string(kGdnEdges[info.param].name);
+                         });
+
+// A sequence whose chunk matrices alone exceed the storage binding limit is refused, naming the limit
+// (6 chunks of 591,872 bytes against 3 MiB).
+TEST(WebGpu, GdnRefusesASequenceOverTheBindingLimit) {
+  REQUIRE_WEBGPU(unused);
+  auto limited = create_webgpu_backend_with_binding_limit(BackendOptions{}, uint64_t{3} << 20);
+  ASSERT_TRUE(limited.ok()) << limited.status().to_string();
+  Backend& gpu = **limited;
+  std::vector<std::shared_ptr<Buffer>> keep;
+  const int64_t n = 330, Hk = 2, Hv = 4, d = 128;
+  const Tensor q = put(gpu, keep, BufferUsage::Activations, DType::F32, {n, Hk, d}, nullptr);
+  const Tensor v = put(gpu, keep, BufferUsage::Activations, DType::F32, {n, Hv, d}, nullptr);
+  const Tensor g = put(gpu, keep, BufferUsage::Activations, DType::F32, {n, Hv}, nullptr);
+  const Tensor o = put(gpu, keep, BufferUsage::Activations, DType::F32, {n, Hv, d}, nullptr);
+  const Status s = gpu.gated_delta_rule(q, q, v, g, g, Tensor{}, layout_of({n}, 0, false), o, Tensor{});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), ErrorCode::Unsupported) << s.to_string();
+  EXPECT_NE(s.to_string().find("storage binding limit 3145728"), std::string::npos) << s.to_string();
+}
+
 // Timing of the attention kernel at Kev's passes (0.8B heads 8/2/256): a causal prefill without a
 // prefix and packed question rows over a long prefix (key splits). Not a benchmark protocol; on
 // lavapipe the numbers only show work reduction. Run with

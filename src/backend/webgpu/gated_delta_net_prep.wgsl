@@ -1,4 +1,4 @@
-// Gated delta rule, chunked (WY/UT form), part 1 of 2: everything about a chunk that does not depend on
+// Gated delta rule, chunked (WY/UT form), part 1 of 3: everything about a chunk that does not depend on
 // the state, for all chunks at once. With C = 64, a chunk of cn tokens t0..t0+cn−1, value head h (key
 // head kh = h / (Hv/Hk)):
 //   D_ij = exp(Σ_{t=j+1..i} g_t) (j <= i), never as a difference of cumulative sums, so a large
@@ -8,12 +8,14 @@
 //   γ_i = exp(Σ_{t<=i} g_t);
 //   dlast_j = D_{cn−1,j};  L_ij = β_i (k_i·k_j) D_ij (j < i);  T = (I + L)⁻¹ (unit lower triangular);
 //   W = T diag(β⊙γ) K;  U = T diag(β) V;  P_ij = (q_i·k_j) D_ij (j <= i).
-// Part 2 (gated_delta_net.wgsl) then runs Δ = U − W S, o = γ⊙(Q S) + P Δ, S ← γ_{cn−1} S + Kᵀ diag(dlast) Δ.
+// Part 2 (gated_delta_net.wgsl) then runs Δ = U − W S, S ← γ_{cn−1} S + Kᵀ diag(dlast) Δ chunk by chunk,
+// part 3 (gated_delta_net_out.wgsl) o = γ⊙(Q S) + P Δ for all chunks at once.
 //
 // Layout: q, k [n,Hk,dk], v [n,Hv,dv], g, beta [n,Hv] (outer strides free); table (u32): chunk ci at
-// chunk_base + 2·ci holds (t0, cn); scratch region of (ci, h) at (ci·Hv + h)·region, P and W
-// transposed so that part 2 reads 8 consecutive rows i with one cache line:
-//   Pᵀ [C×C] (Pᵀ[j·C + i]) | Wᵀ [dk×C] (Wᵀ[d·C + i]) | U [C×dv] (row-major) | γ [C] | dlast [C];
+// chunk_base + 3·ci holds (t0, cn, S nonzero); scratch region of (ci, h) at (ci·Hv + h)·region, P and W
+// transposed so that a warp of parts 2 and 3 reads consecutive rows i (one cache line):
+//   Pᵀ [C×C] (Pᵀ[j·C + i]) | Wᵀ [dk×C] (Wᵀ[d·C + i]) | U [C×dv] (row-major) | γ [C] | dlast [C] |
+//   S [dk×dv] (the chunk's starting state, written by part 2);
 // rows i >= cn are zero.
 // Launch: one workgroup of 256 invocations per (chunk, value head): n_chunks·Hv workgroups (folded).
 //   1. k·k and q·k: invocation (q4, tj) = (lid/16, lid%16) owns rows i = 4·q4 .. +3 and columns
@@ -135,8 +137,8 @@ fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let ci = item / p.hv;
   let h = item % p.hv;
   let kh = h / (p.hv / p.hk);
-  let t0 = table[p.chunk_base + 2u * ci];
-  let cn = table[p.chunk_base + 2u * ci + 1u];
+  let t0 = table[p.chunk_base + 3u * ci];
+  let cn = table[p.chunk_base + 3u * ci + 1u];
   let base = item * p.region;
   let p_at = base;
   let w_at = base + C * C;

@@ -17,7 +17,8 @@ namespace {
 
 constexpr uint64_t kGroup = 256;  // invocations per workgroup of the element-wise kernels
 constexpr uint32_t kChunk = 64;   // GDN chunk length (gated_delta_net*.wgsl)
-constexpr uint32_t kSlice = 16;   // GDN state columns per workgroup (gated_delta_net.wgsl)
+constexpr uint32_t kRecurSlice = 8;  // GDN state columns per recurrence workgroup (gated_delta_net.wgsl)
+constexpr uint32_t kOutSlice = 16;   // GDN output columns per workgroup (gated_delta_net_out.wgsl)
 constexpr int64_t kAttnRows = 64;  // query rows (tokens × heads of a KV group) per attention workgroup
 constexpr int64_t kAttnKeys = 32;  // keys per attention key tile (attention.wgsl)
 // Key splits (flash-decoding): a pass's key tiles spread over at least about two workgroups per
@@ -56,7 +57,8 @@ const KernelSpec kAttention{"attention", "attention", 8};
 const KernelSpec kAttentionCombine{"attention", "attention_combine", 8};
 const KernelSpec kPointer{"pointer_head", "pointer_logits", 4};
 const KernelSpec kGdnPrep{"gated_delta_net_prep", "prep", 7};
-const KernelSpec kGdnRecur{"gated_delta_net", "recur", 7};
+const KernelSpec kGdnRecur{"gated_delta_net", "recur", 5};
+const KernelSpec kGdnOut{"gated_delta_net_out", "output", 4};
 
 // Outer dims of a rank 1..4 tensor folded to (s0, s1, s2), front-padded with 1 (stride 0).
 struct Outer {
@@ -146,10 +148,15 @@ struct GdnPrepParams {
 static_assert(sizeof(GdnPrepParams) == 80);
 
 struct GdnRecurParams {
-  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, k_off, k_st0, k_st1, o_off, o_st0, o_st1, si_off, so_off, has_state_in,
-      has_state_out, n_seqs, n_slices, region;
+  uint32_t hk, hv, dk, dv, k_off, k_st0, k_st1, si_off, so_off, has_state_in, has_state_out, n_seqs, n_slices, region,
+      pad0, pad1;
 };
-static_assert(sizeof(GdnRecurParams) == 80);
+static_assert(sizeof(GdnRecurParams) == 64);
+
+struct GdnOutParams {
+  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, o_off, o_st0, o_st1, n_chunks, chunk_base, n_slices, region, pad0, pad1;
+};
+static_assert(sizeof(GdnOutParams) == 64);
 
 }  // namespace
 
@@ -751,8 +758,10 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   KEV_TRY(separate(kOp, {&bq, &bk, &bv, &bg, &bbeta, &bs}, {&bo, &bso}));
 
   // Sequences go in groups whose chunk matrices fit one scratch binding (usually all at once):
-  // Pᵀ [C×C], Wᵀ [dk×C], U [C×dv], γ and dlast [C] per chunk and value head.
-  const uint64_t region = uint64_t(kChunk) * kChunk + uint64_t(kChunk) * (dk + dv) + 2ull * kChunk;
+  // Pᵀ [C×C], Wᵀ [dk×C], U (then Δ) [C×dv], γ and dlast [C] and the starting state [dk×dv] per chunk
+  // and value head.
+  const uint64_t region =
+      uint64_t(kChunk) * kChunk + uint64_t(kChunk) * (dk + dv) + 2ull * kChunk + uint64_t(dk) * dv;
   const uint64_t region_bytes = region * sizeof(float) * static_cast<uint64_t>(Hv);
   const uint64_t max_chunks = limits_.max_binding / region_bytes;
   std::vector<int64_t> chunks(R);
@@ -796,24 +805,32 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   rp.hv = u32(Hv);
   rp.dk = u32(dk);
   rp.dv = u32(dv);
-  rp.q_off = bq.off;
-  rp.q_st0 = pp.q_st0;
-  rp.q_st1 = pp.q_st1;
   rp.k_off = bk.off;
   rp.k_st0 = pp.k_st0;
   rp.k_st1 = pp.k_st1;
-  rp.o_off = bo.off;
-  rp.o_st0 = u32(out.stride[0]);
-  rp.o_st1 = u32(out.stride[1]);
   rp.si_off = bs.off;
   rp.so_off = bso.off;
   rp.has_state_in = layout.from_prefix ? 1 : 0;
   rp.has_state_out = state_out.empty() ? 0 : 1;
-  rp.n_slices = u32(ceil_div(dv, kSlice));
+  rp.n_slices = u32(ceil_div(dv, kRecurSlice));
   rp.region = u32(region);
+  GdnOutParams op{};
+  op.hk = u32(Hk);
+  op.hv = u32(Hv);
+  op.dk = u32(dk);
+  op.dv = u32(dv);
+  op.q_off = bq.off;
+  op.q_st0 = pp.q_st0;
+  op.q_st1 = pp.q_st1;
+  op.o_off = bo.off;
+  op.o_st0 = u32(out.stride[0]);
+  op.o_st1 = u32(out.stride[1]);
+  op.n_slices = u32(ceil_div(dv, kOutSlice));
+  op.region = u32(region);
 
   for (int64_t r0 = 0; r0 < R;) {
-    // Table: per sequence (first chunk, chunk count, first token, length), then per chunk (t0, cn).
+    // Table: per sequence (first chunk, chunk count, first token, length), then per chunk (t0, cn,
+    // whether its starting state can be nonzero).
     std::vector<uint32_t> seqs, chunk_list;
     uint64_t n_chunks = 0;
     int64_t r1 = r0;
@@ -823,6 +840,7 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
       for (int64_t c = 0; c < chunks[r1]; ++c) {
         chunk_list.push_back(u32(begin + c * kChunk));
         chunk_list.push_back(u32(std::min<int64_t>(kChunk, len - c * kChunk)));
+        chunk_list.push_back(c > 0 || layout.from_prefix ? 1 : 0);
       }
       n_chunks += chunks[r1];
     }
@@ -834,8 +852,12 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
     KEV_TRY(dispatch(kOp, kGdnPrep, &pp, sizeof pp, {bq.b, bk.b, bv.b, bg.b, bbeta.b, bt, scratch},
                      n_chunks * static_cast<uint64_t>(Hv)));
     rp.n_seqs = u32(r1 - r0);
-    KEV_TRY(dispatch(kOp, kGdnRecur, &rp, sizeof rp, {bq.b, bk.b, bs.b, bt, scratch, bo.b, bso.b},
+    KEV_TRY(dispatch(kOp, kGdnRecur, &rp, sizeof rp, {bk.b, bs.b, bt, scratch, bso.b},
                      uint64_t{rp.n_slices} * Hv * rp.n_seqs));
+    op.n_chunks = pp.n_chunks;
+    op.chunk_base = pp.chunk_base;
+    KEV_TRY(dispatch(kOp, kGdnOut, &op, sizeof op, {bq.b, bt, scratch, bo.b},
+                     uint64_t{op.n_slices} * Hv * n_chunks));
     r0 = r1;
   }
   return Status::success();

@@ -8,7 +8,10 @@
 // One op family: --gtest_filter='Cuda/CudaOpVsReference.Matches/gated_delta_rule*'.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <random>
@@ -506,6 +509,61 @@ TEST(CudaGraphs, GatedDeltaRuleAndAttentionReplay) {
   EXPECT_EQ(after.capture_failures, before.capture_failures) << "a pass could not be captured into a CUDA graph";
   EXPECT_GE(after.launches - before.launches, 4u);
 #endif
+}
+
+// Timing of the attention kernel at Kev's passes: the 4b model (H = 16, Hkv = 4, hd = 256) over its
+// 2,187-token causal prefill and an evaluation of 5 rows x 40 tokens over that prefix; the 0.8b model
+// (H = 8, Hkv = 2) over a 250-token prefill and 6 rows x 37 over it. Each sample records 20 attention
+// ops into one pass (graphs on, as the forward) and synchronizes; the median sample per op is printed
+// with the rate at 4·H·hd FLOPs per visible (query, key) pair. Not a benchmark protocol. Run with
+//   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='CudaAttention.DISABLED_Timing'
+TEST(CudaAttention, DISABLED_Timing) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  using testing::make_f32;
+  using testing::randn;
+  struct Pass {
+    int64_t H, Hkv, Ls, rows, len;
+  };
+  const int64_t hd = 256;
+  constexpr int kOpsPerSample = 20;
+  for (const Pass& s :
+       {Pass{16, 4, 0, 1, 2187}, Pass{16, 4, 2187, 5, 40}, Pass{8, 2, 0, 1, 250}, Pass{8, 2, 250, 6, 37}}) {
+    const int64_t n = s.rows * s.len, H = s.H, Hkv = s.Hkv, Lp = std::max<int64_t>(s.Ls, 1);
+    SeqLayout layout;
+    for (int64_t r = 0; r < s.rows; ++r) layout.offsets.push_back(static_cast<int32_t>((r + 1) * s.len));
+    layout.from_prefix = s.Ls > 0;
+    auto q = make_f32(*gpu, {n, H, hd}, randn(n * H * hd, 1.0f, 31));
+    auto k = make_f32(*gpu, {n, Hkv, hd}, randn(n * Hkv * hd, 1.0f, 32));
+    auto v = make_f32(*gpu, {n, Hkv, hd}, randn(n * Hkv * hd, 1.0f, 33));
+    auto pk = make_f32(*gpu, {Lp, Hkv, hd}, randn(Lp * Hkv * hd, 1.0f, 34));
+    auto pv = make_f32(*gpu, {Lp, Hkv, hd}, randn(Lp * Hkv * hd, 1.0f, 35));
+    auto out = make_f32(*gpu, {n, H, hd});
+    const Tensor tpk = s.Ls > 0 ? pk.t : Tensor{}, tpv = s.Ls > 0 ? pv.t : Tensor{};
+    auto sample = [&] {
+      for (int i = 0; i < kOpsPerSample; ++i) {
+        const Status st = gpu->attention(q.t, k.t, v.t, tpk, tpv, layout, 1.0f / 16.0f, out.t);
+        if (!st.ok()) return st;
+      }
+      return gpu->synchronize();
+    };
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(sample().ok());  // direct run, capture, first replay
+    std::vector<double> ms;
+    const auto start = std::chrono::steady_clock::now();
+    while (ms.size() < 5 || std::chrono::steady_clock::now() - start < std::chrono::seconds(1)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      ASSERT_TRUE(sample().ok());
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+                   kOpsPerSample);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double pairs = static_cast<double>(s.rows) * (s.len * s.Ls + s.len * (s.len + 1) / 2);
+    const double med = ms[ms.size() / 2];
+    std::printf("attention H=%lld Hkv=%lld hd=%lld Ls=%lld, %lld rows x %lld: median %.4f ms, min %.4f ms "
+                "(%zu samples), %.2f TFLOP/s\n",
+                static_cast<long long>(H), static_cast<long long>(Hkv), static_cast<long long>(hd),
+                static_cast<long long>(s.Ls), static_cast<long long>(s.rows), static_cast<long long>(s.len), med,
+                ms.front(), ms.size(), 4.0 * hd * H * pairs / med * 1e-9);
+  }
 }
 
 TEST(CudaGraphs, SameShapeOtherOffsetsMatchesCpu) {

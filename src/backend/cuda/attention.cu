@@ -9,13 +9,15 @@
 // Online softmax per query row: running max m and sum l; each key tile rescales the accumulator by
 // e^{m_old − m_new}, in FP32 with expf (not the fast intrinsic).
 // Products (S = Q·Kᵀ, O += P·V) run as 3xTF32 on mma.sync.m16n8k8: each FP32 operand is split into
-// a = a_hi + a_lo with a_hi = tf32(a), a_lo = tf32(a − a_hi) (round to nearest), and the tensor cores
-// accumulate a_hi·b_hi and, in a second accumulator, a_lo·b_hi + a_hi·b_lo in FP32. The dropped
-// a_lo·b_lo term and the rounding of a_lo leave a relative error near 2^-21 per product, the order of
-// FP32's own rounding; plain TF32 (2^-11) would not hold the end-to-end tolerance. The tensor cores'
-// accumulation truncates, so no accumulator runs long: scores sum 64 dimensions and P·V 8 keys at a
-// time from zero, and those partial sums are added in FP32 (round to nearest).
-// Operands are split as fragments are read from shared memory (FP32 there).
+// a = a_hi + a_lo with a_hi = a rounded to TF32 (nearest, ties away: integer add and mask), a_lo =
+// a − a_hi exactly (FP32 subtraction of two numbers within a factor 2), then truncated to TF32; the
+// tensor cores accumulate a_hi·b_hi and, in a second accumulator, a_lo·b_hi + a_hi·b_lo in FP32. The
+// dropped a_lo·b_lo term and the truncation of a_lo leave a relative error near 2^-21 per product,
+// the order of FP32's own rounding; plain TF32 (2^-11) would not hold the end-to-end tolerance. The
+// tensor cores' accumulation truncates, so no accumulator runs long: scores sum 64 dimensions from
+// zero, P·V's main products 8 keys and its cross terms (2^-11 of the sum) the tile's 32 keys, and
+// those partial sums are added in FP32 (round to nearest). Operands are split as fragments are read
+// from shared memory (FP32 there; four integer / FP32 instructions per element).
 //
 // Layout. q, out [n, H, hd] with token / head strides; k, v [n, Hkv, hd] with token / head strides;
 // prefix_k, prefix_v [prefix_len, Hkv, hd] contiguous. All strides in elements.
@@ -35,21 +37,26 @@
 // (none at S = 1, where the block writes the normalised output itself). A tile may span sequences:
 // each row finds its sequence start in `offsets` (seq_start) and the block walks the own-key range
 // [start of its first token's sequence, its last token], masking key s for row (t, b_t) unless
-// b_t <= s <= t. Prefix keys are visible to every valid row. Per key tile of 32 keys:
-//   load K | S = Q·Kᵀ (warp w: rows 16·(w%4).., keys 16·(w/4).., two m16n8 tiles) → scaled scores
-//   in P | masking and online-softmax update (thread: 2 rows × 4 keys, row max / sum over 8 lanes)
-//   while V loads | O = diag(α)·O + P·V (warp w: rows 16·(w%4).., half of each staged column block,
-//   in registers in the m16n8 accumulator layout; the warp's P fragments are split once per column
-//   block).
-// K and V are staged through one buffer of kKW = min(hd, 128) columns (hd = 256 in two halves); K rows
-// are padded to kKW + 4 floats and V rows to kKW + 8 so that the fragment reads (K: key-major, V:
-// key-minor) hit 32 distinct banks. Shared memory at hd = 256: Q 64×260 + K/V 32×136 + P 64×36 floats
-// + row data = 92 KiB (60 at hd 128, 36 at 64), under the 99 KiB per-block limit of sm_86/sm_89, and
-// two blocks per SM on sm_80/sm_90 (128 registers per thread). The grid never depends on the offsets'
-// values.
+// b_t <= s <= t. Prefix keys are visible to every valid row.
+// A key tile (32 keys) arrives as 2·hd/64 chunks of 32 keys × 64 columns: K's column blocks, then
+// V's. Chunks stream through two shared buffers with cp.async (16-byte copies when aligned, 4-byte
+// otherwise; rows past the tile's end zero-filled): chunk i+1, of this tile or the next, is copied
+// while chunk i is consumed, with one barrier per chunk. Per chunk:
+//   K chunk: S += Q·Kᵀ over its 64 columns (warp w: rows 16·(w%4).., keys 16·(w/4).., two m16n8
+//   tiles); after the last one the scaled scores go to P, then masking and the online-softmax update
+//   (thread: 2 rows × 4 keys, row max / sum over 8 lanes) write p and the rows' rescale factors.
+//   V chunk: O[:, its 64 columns] = diag(α)·O + P·V (warp w: rows 16·(w%4).., 32 of the columns, in
+//   registers in the m16n8 accumulator layout).
+// K chunk rows are padded to 64 + 4 floats and V rows to 64 + 8 so that the fragment reads (K:
+// key-major, V: key-minor) hit 32 distinct banks. Shared memory at hd = 256: Q 64×260 + 2 chunks of
+// 32×72 + P 64×36 floats + row data = 93 KiB (61 at hd 128, 45 at 64), under the 99 KiB per-block
+// limit of sm_86/sm_89. Registers: hd 256 is compiled for one block per SM (up to 255 registers, no
+// spills), hd 64 and 128 for two (128 registers; hd 128 spills a little). The grid never depends on
+// the offsets' values.
 // Preconditions (attention_supported): hd ∈ {64, 128, 256}, Hkv >= 1 divides H, G = H/Hkv <= 64,
-// Hkv <= 65535; sm_80 or newer (TF32 mma). Global loads and stores use float4 (output float2) when
-// every base pointer is 16-byte aligned and every stride a multiple of 4, scalar accesses otherwise.
+// Hkv <= 65535; sm_80 or newer (TF32 mma, cp.async). Global loads and stores use 16-byte copies
+// (output float2) when every base pointer is 16-byte aligned and every stride a multiple of 4, scalar
+// accesses otherwise.
 #include "backend/cuda/attention.cuh"
 
 #include <cuda_runtime.h>
@@ -59,7 +66,7 @@
 #include "backend/cuda/device_math.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "attention.cu needs sm_80 or newer (mma.sync .tf32): set CMAKE_CUDA_ARCHITECTURES to 80 or above"
+#error "attention.cu needs sm_80 or newer (mma.sync .tf32, cp.async): set CMAKE_CUDA_ARCHITECTURES to 80 or above"
 #endif
 
 namespace kev::cuda {
@@ -68,37 +75,33 @@ namespace {
 
 constexpr int kRows = 64;     // query rows per block
 constexpr int kKeys = 32;     // keys per tile
+constexpr int kCols = 64;     // K / V columns per staged chunk; also the scores' tensor-core sum length
 constexpr int kThreads = 256;
 constexpr int kWarpRows = 16;  // one m16 tile of rows per warp; kRows / kWarpRows = 4 row groups
-// Q·Kᵀ runs over hd in blocks of this many dimensions, each summed by the tensor cores from zero and
-// then added to the score in FP32, so a truncating accumulator never carries more than 8 k-steps.
-constexpr int kDotBlock = 64;
-// P·V likewise sums kPvKeys keys (one k-step) from zero before adding them to O in FP32.
-constexpr int kPvKeys = 8;
 constexpr int kMaxGridY = 65535;
 constexpr int kMaxSplits = 16;
 constexpr int kCombineThreads = 64;
 static_assert(kThreads / 32 == 2 * (kRows / kWarpRows), "two warps per row group (keys or columns halved)");
+static_assert(kThreads == 8 * kKeys, "the softmax maps 8 threads to a row pair of one tile");
 
 template <int HD>
 struct AttnLayout {
-  // K and V tiles are staged kKW columns at a time (hd 256: two halves), which keeps the block
-  // under the 99 KiB per-block limit of sm_86/sm_89 and lets two blocks share an sm_80/sm_90 SM.
-  static constexpr int kKW = HD > 128 ? 128 : HD;
   // Row strides ≡ 4 (mod 32) make a fragment read (lane: row g = lane/4, column t = lane%4) touch 32
   // distinct banks; V is read with rows and columns swapped (row t, column g), hence ≡ 8.
   static constexpr int kLdQ = HD + 4;
-  static constexpr int kLdK = kKW + 4;
-  static constexpr int kLdV = kKW + 8;
+  static constexpr int kLdK = kCols + 4;
+  static constexpr int kLdV = kCols + 8;
   static constexpr int kLdP = kKeys + 4;
+  static constexpr int kChunk = kKeys * kLdV;  // one staging buffer (K chunks use the first 32×68)
   static constexpr int kQ = 0;
   static constexpr int kKV = kQ + kRows * kLdQ;
-  static constexpr int kP = kKV + kKeys * kLdV;
+  static constexpr int kP = kKV + 2 * kChunk;
   static constexpr int kAlpha = kP + kRows * kLdP;
   static constexpr int kL = kAlpha + kRows;
   static constexpr int kFloats = kL + kRows;
   static constexpr size_t kBytes = kFloats * sizeof(float) + 2 * kRows * sizeof(int);  // + row_lo, row_hi
-  static_assert(kKV % 4 == 0 && kP % 4 == 0, "float4 / float2 alignment");
+  static_assert(kKV % 4 == 0 && kChunk % 4 == 0 && kP % 4 == 0 && kLdK % 4 == 0 && kLdV % 4 == 0,
+                "16-byte cp.async destinations, float2 score stores");
   static_assert(kBytes <= 99 * 1024, "shared memory exceeds the smallest supported per-block limit");
 };
 
@@ -123,10 +126,26 @@ __device__ __forceinline__ void load_rows(float* dst, int ld, int rows, bool vec
   }
 }
 
-// x = hi + lo with hi = tf32(x) and lo = tf32(x − hi), both rounded to nearest (3xTF32).
+// Asynchronous global → shared copies of N = 16 or 4 bytes; fill = false writes zeros and reads
+// nothing (src must still be a valid address).
+template <int N>
+__device__ __forceinline__ void cp_async(float* dst, const float* src, bool fill) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if constexpr (N == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(fill ? 16 : 0) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(fill ? 4 : 0) : "memory");
+  }
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// x = hi + lo (3xTF32): hi = x rounded to TF32 (add half an ulp of the 10-bit mantissa, then drop the
+// 13 low bits: round to nearest, ties away from zero), lo = x − hi (exact), truncated to TF32.
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 }
 
 // d += a·b for one m16n8k8 tile, TF32 operands, FP32 accumulation.
@@ -139,7 +158,7 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 
 // The 3xTF32 product: a_hi·b_hi into `big`, the cross terms into `small`. The tensor cores' FP32
 // accumulation truncates; keeping the cross terms (2^-11 of the total) apart takes them out of the
-// large accumulator's rounding, and callers keep each accumulator short (see kDotBlock) and add the
+// large accumulator's rounding, and callers keep each accumulator short (see kCols) and add the
 // two in FP32.
 __device__ __forceinline__ void mma_3xtf32(float (&big)[4], float (&small)[4], const uint32_t (&a_hi)[4],
                                            const uint32_t (&a_lo)[4], const uint32_t (&b_hi)[2],
@@ -174,14 +193,66 @@ __device__ __forceinline__ void store2(float* dst, float x, float y, bool vec) {
   }
 }
 
+// The keys of key tile kt: prefix keys s0.. (< s_end = prefix_len) or own keys s0.. (<= the block's
+// last token).
+struct KeyTile {
+  int64_t s0, s_end;
+  bool prefix;
+};
+
+__device__ __forceinline__ KeyTile key_tile(int64_t kt, int64_t n_prefix_tiles, int64_t prefix_len, int own_lo,
+                                            int own_hi) {
+  if (kt < n_prefix_tiles) return {kt * kKeys, prefix_len, true};
+  return {own_lo + (kt - n_prefix_tiles) * kKeys, static_cast<int64_t>(own_hi) + 1, false};
+}
+
+// Starts the copy of chunk c of `tile` (c < HD/kCols: K's columns kCols·c.., else V's) into buf and
+// commits it as one cp.async group.
 template <int HD>
-__global__ void __launch_bounds__(kThreads, 2)
+__device__ __forceinline__ void stage_chunk(const AttentionArgs& a, int kvh, const KeyTile& tile, int c, float* buf,
+                                            bool vec) {
+  constexpr int NC = HD / kCols;
+  const bool is_v = c >= NC;
+  const int col = (is_v ? c - NC : c) * kCols, ld = is_v ? AttnLayout<HD>::kLdV : AttnLayout<HD>::kLdK;
+  const float* pbase = is_v ? a.prefix_v : a.prefix_k;
+  const float* obase = is_v ? a.v : a.k;
+  auto row = [&](int i) -> const float* {
+    const int64_t s = tile.s0 + i;
+    if (s >= tile.s_end) return nullptr;
+    if (tile.prefix) return pbase + s * (static_cast<int64_t>(a.Hkv) * HD) + static_cast<int64_t>(kvh) * HD + col;
+    return obase + s * a.kv_token_stride + static_cast<int64_t>(kvh) * a.kv_head_stride + col;
+  };
+  if (vec) {
+#pragma unroll
+    for (int idx = threadIdx.x; idx < kKeys * (kCols / 4); idx += kThreads) {
+      const int i = idx / (kCols / 4), d = 4 * (idx % (kCols / 4));
+      const float* p = row(i);
+      cp_async<16>(buf + i * ld + d, p != nullptr ? p + d : obase, p != nullptr);
+    }
+  } else {
+#pragma unroll 1
+    for (int idx = threadIdx.x; idx < kKeys * kCols; idx += kThreads) {
+      const int i = idx / kCols, d = idx % kCols;
+      const float* p = row(i);
+      cp_async<4>(buf + i * ld + d, p != nullptr ? p + d : obase, p != nullptr);
+    }
+  }
+  cp_async_commit();
+}
+
+// Resident blocks per SM the kernel is compiled for. At hd 256 the 64 output accumulators per thread
+// spill under the 128-register cap of two blocks; one block with up to 255 registers measured faster
+// on the H200 (docs/backends.md).
+template <int HD>
+constexpr int kMinBlocks = HD > 128 ? 1 : 2;
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
     attention_kernel(AttentionArgs a, int tokens_per_tile, bool vec, float* part_o, float2* part_ml) {
   using Lay = AttnLayout<HD>;
-  constexpr int LDQ = Lay::kLdQ, LDK = Lay::kLdK, LDV = Lay::kLdV, LDP = Lay::kLdP, KW = Lay::kKW;
-  constexpr int NC = HD / KW;   // staged column blocks of K and V
-  constexpr int NT = KW / 16;   // m16n8 output tiles per warp per column block (half of KW)
-  static_assert(KW % kDotBlock == 0, "score blocks tile the staged columns");
+  constexpr int LDQ = Lay::kLdQ, LDK = Lay::kLdK, LDV = Lay::kLdV, LDP = Lay::kLdP;
+  constexpr int NC = HD / kCols;   // column chunks of K and of V per key tile
+  constexpr int NT = kCols / 16;   // m16n8 output tiles per warp per V chunk (half of its columns)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* base = reinterpret_cast<float*>(smem_raw);
   float* Qs = base + Lay::kQ;
@@ -199,6 +270,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int n_rows = n_valid_tok * G;
   const int split = blockIdx.z, n_splits = gridDim.z;
 
+  const int own_lo = seq_start(a.offsets, a.n_seqs, q0), own_hi = q0 + n_valid_tok - 1;
+  const int64_t Ls = a.prefix_len;
+  const int64_t n_prefix_tiles = (Ls + kKeys - 1) / kKeys;
+  const int64_t n_tiles = n_prefix_tiles + (own_hi - own_lo + kKeys) / kKeys;
+  const int64_t kt_begin = n_tiles * split / n_splits, kt_end = n_tiles * (split + 1) / n_splits;
+  // The first chunk's copy overlaps the Q load.
+  if (kt_begin < kt_end) stage_chunk<HD>(a, kvh, key_tile(kt_begin, n_prefix_tiles, Ls, own_lo, own_hi), 0, KVs, vec);
+
   if (tid < kRows) {
     int lo = 1, hi = 0;
     if (tid < n_rows) {
@@ -214,162 +293,136 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t t = q0 + i / G, h = kvh * G + i % G;
     return a.q + t * a.q_token_stride + h * a.q_head_stride;
   });
-  __syncthreads();
-
-  const int own_lo = row_lo[0], own_hi = q0 + n_valid_tok - 1;  // row 0 is always valid
-  const int64_t Ls = a.prefix_len;
-  const int64_t n_prefix_tiles = (Ls + kKeys - 1) / kKeys;
-  const int64_t n_tiles = n_prefix_tiles + (own_hi - own_lo + kKeys) / kKeys;
-  const int64_t kt_begin = n_tiles * split / n_splits, kt_end = n_tiles * (split + 1) / n_splits;
 
   // Tensor-core mapping: warp w owns rows rb..rb+15; for S the keys kb..kb+15, for O the columns
-  // cb..cb+KW/2−1 of each staged block. Lane (g, t) holds rows rb+g and rb+g+8.
+  // cb..cb+kCols/2−1 of each V chunk. Lane (g, t) holds rows rb+g and rb+g+8.
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int rb = kWarpRows * (warp & 3), kb = 16 * (warp >> 2), cb = (KW / 2) * (warp >> 2);
+  const int rb = kWarpRows * (warp & 3), kb = 16 * (warp >> 2), cb = (kCols / 2) * (warp >> 2);
   // Softmax mapping: rows sr, sr + 1; keys skey + 8m. The 8 lanes of a row pair are adjacent.
   const int sr = 2 * (tid >> 3), skey = tid & 7;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   float o[NC][NT][4] = {};
 
   for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
-    const bool prefix = kt < n_prefix_tiles;
-    const int64_t s0 = prefix ? kt * kKeys : own_lo + (kt - n_prefix_tiles) * kKeys;  // first key
-    const int64_t s_end = prefix ? Ls : static_cast<int64_t>(own_hi) + 1;
-    const int64_t hstride = static_cast<int64_t>(a.Hkv) * HD;
-    auto key_row = [&](const float* pbase, const float* obase, int i) -> const float* {
-      const int64_t s = s0 + i;
-      if (s >= s_end) return nullptr;
-      if (prefix) return pbase + s * hstride + static_cast<int64_t>(kvh) * HD;
-      return obase + s * a.kv_token_stride + static_cast<int64_t>(kvh) * a.kv_head_stride;
-    };
-    // ---- S = Q·Kᵀ, KW columns of K at a time ----
-    {
-      float sacc[2][4] = {};
+    const KeyTile tile = key_tile(kt, n_prefix_tiles, Ls, own_lo, own_hi);
+    float sacc[2][4] = {};
+    // Chunk c sits in buffer c % 2 (2·NC chunks per tile, an even count, so the parity continues
+    // into the next tile).
 #pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        if (c > 0) __syncthreads();  // the previous K columns are consumed
-        load_rows<KW>(KVs, LDK, kKeys, vec, [&](int i) {
-          const float* p = key_row(a.prefix_k, a.k, i);
-          return p != nullptr ? p + c * KW : nullptr;
-        });
-        __syncthreads();
-        const float* qa = Qs + rb * LDQ + c * KW;
-        for (int d0 = 0; d0 < KW; d0 += kDotBlock) {
-          float big[2][4] = {}, small[2][4] = {};
-#pragma unroll 2
-          for (int k0 = d0; k0 < d0 + kDotBlock; k0 += 8) {
-            uint32_t a_hi[4], a_lo[4];
-            load_a(qa + k0, LDQ, g, t4, a_hi, a_lo);
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              uint32_t b_hi[2], b_lo[2];
-              load_b(KVs + (kb + 8 * j + g) * LDK + k0 + t4, 4, b_hi, b_lo);
-              mma_3xtf32(big[j], small[j], a_hi, a_lo, b_hi, b_lo);
-            }
-          }
+    for (int c = 0; c < 2 * NC; ++c) {
+      cp_async_wait_all();
+      // Chunk c is visible to every thread; chunk c−1's buffer is consumed (at c = 0 so are the
+      // previous tile's P and rescale factors; at c = NC this tile's are written).
+      __syncthreads();
+      if (c + 1 < 2 * NC) {
+        stage_chunk<HD>(a, kvh, tile, c + 1, KVs + ((c + 1) % 2) * Lay::kChunk, vec);
+      } else if (kt + 1 < kt_end) {
+        stage_chunk<HD>(a, kvh, key_tile(kt + 1, n_prefix_tiles, Ls, own_lo, own_hi), 0, KVs, vec);
+      }
+      const float* buf = KVs + (c % 2) * Lay::kChunk;
+      if (c < NC) {
+        // ---- S += Q·Kᵀ over this chunk's kCols dimensions, summed from zero by the tensor cores ----
+        float big[2][4] = {}, small[2][4] = {};
+        const float* qa = Qs + rb * LDQ + c * kCols;
+#pragma unroll 4
+        for (int k0 = 0; k0 < kCols; k0 += 8) {
+          uint32_t a_hi[4], a_lo[4];
+          load_a(qa + k0, LDQ, g, t4, a_hi, a_lo);
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sacc[j][e] += big[j][e] + small[j][e];
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float* ps = Ps + (rb + g) * LDP + kb + 8 * j + 2 * t4;
-        store2(ps, sacc[j][0] * a.scale, sacc[j][1] * a.scale, true);
-        store2(ps + 8 * LDP, sacc[j][2] * a.scale, sacc[j][3] * a.scale, true);
-      }
-    }
-    __syncthreads();  // the scores are complete and the K columns consumed
-
-    // V's first column block loads while the softmax runs (disjoint shared memory).
-    load_rows<KW>(KVs, LDV, kKeys, vec, [&](int i) { return key_row(a.prefix_v, a.v, i); });
-    // ---- masking and the online-softmax update ----
-#pragma unroll
-    for (int ii = 0; ii < 2; ++ii) {
-      // Read from shared memory per tile rather than held in registers across the loop (spills).
-      const int lo = row_lo[sr + ii], hi = row_hi[sr + ii];
-      float* prow = Ps + (sr + ii) * LDP;
-      float sc[4], mx = -INFINITY;
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int64_t s = s0 + skey + 8 * m;
-        const bool visible = lo <= hi && s < s_end && (prefix || (s >= lo && s <= hi));
-        sc[m] = visible ? prow[skey + 8 * m] : -INFINITY;
-        mx = fmaxf(mx, sc[m]);
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      const float m_new = fmaxf(m_run[ii], mx);
-      // A row with no visible key so far keeps m = −inf: its p and rescale must not become NaN.
-      const bool none = m_new == -INFINITY;
-      const float alpha = none ? 1.0f : expf(m_run[ii] - m_new);
-      float sum = 0.0f;
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const float p = none ? 0.0f : expf(sc[m] - m_new);
-        prow[skey + 8 * m] = p;
-        sum += p;
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-      l_run[ii] = l_run[ii] * alpha + sum;
-      m_run[ii] = m_new;
-      if (skey == 0) alpha_s[sr + ii] = alpha;
-    }
-    __syncthreads();  // P, alpha and the first V columns are complete
-
-    // ---- O = diag(alpha) O + P V, KW columns of V at a time ----
-    {
-      const float al0 = alpha_s[rb + g], al1 = alpha_s[rb + g + 8];
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          o[c][j][0] *= al0;
-          o[c][j][1] *= al0;
-          o[c][j][2] *= al1;
-          o[c][j][3] *= al1;
-        }
-      }
-    }
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      if (c > 0) {
-        __syncthreads();  // the previous V columns are consumed
-        load_rows<KW>(KVs, LDV, kKeys, vec, [&](int i) {
-          const float* p = key_row(a.prefix_v, a.v, i);
-          return p != nullptr ? p + c * KW : nullptr;
-        });
-        __syncthreads();
-      }
-#pragma unroll
-      for (int k0 = 0; k0 < kKeys; k0 += kPvKeys) {
-        // The warp's P fragments for kPvKeys keys, split once and reused for every output tile.
-        uint32_t p_hi[kPvKeys / 8][4], p_lo[kPvKeys / 8][4];
-#pragma unroll
-        for (int k = 0; k < kPvKeys / 8; ++k) load_a(Ps + rb * LDP + k0 + 8 * k, LDP, g, t4, p_hi[k], p_lo[k]);
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          float big[4] = {}, small[4] = {};
-#pragma unroll
-          for (int k = 0; k < kPvKeys / 8; ++k) {
             uint32_t b_hi[2], b_lo[2];
-            load_b(KVs + (k0 + 8 * k + t4) * LDV + cb + 8 * j + g, 4 * LDV, b_hi, b_lo);
-            mma_3xtf32(big, small, p_hi[k], p_lo[k], b_hi, b_lo);
+            load_b(buf + (kb + 8 * j + g) * LDK + k0 + t4, 4, b_hi, b_lo);
+            mma_3xtf32(big[j], small[j], a_hi, a_lo, b_hi, b_lo);
           }
+        }
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o[c][j][e] += big[e] + small[e];
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sacc[j][e] += big[j][e] + small[j][e];
+        }
+        if (c == NC - 1) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            float* ps = Ps + (rb + g) * LDP + kb + 8 * j + 2 * t4;
+            store2(ps, sacc[j][0] * a.scale, sacc[j][1] * a.scale, true);
+            store2(ps + 8 * LDP, sacc[j][2] * a.scale, sacc[j][3] * a.scale, true);
+          }
+          __syncthreads();  // the scores are complete
+          // ---- masking and the online-softmax update ----
+#pragma unroll
+          for (int ii = 0; ii < 2; ++ii) {
+            // Read from shared memory per tile rather than held in registers across the loop (spills).
+            const int lo = row_lo[sr + ii], hi = row_hi[sr + ii];
+            float* prow = Ps + (sr + ii) * LDP;
+            float sc[4], mx = -INFINITY;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+              const int64_t s = tile.s0 + skey + 8 * m;
+              const bool visible = lo <= hi && s < tile.s_end && (tile.prefix || (s >= lo && s <= hi));
+              sc[m] = visible ? prow[skey + 8 * m] : -INFINITY;
+              mx = fmaxf(mx, sc[m]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            const float m_new = fmaxf(m_run[ii], mx);
+            // A row with no visible key so far keeps m = −inf: its p and rescale must not become NaN.
+            const bool none = m_new == -INFINITY;
+            const float alpha = none ? 1.0f : expf(m_run[ii] - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+              const float p = none ? 0.0f : expf(sc[m] - m_new);
+              prow[skey + 8 * m] = p;
+              sum += p;
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+            l_run[ii] = l_run[ii] * alpha + sum;
+            m_run[ii] = m_new;
+            if (skey == 0) alpha_s[sr + ii] = alpha;
+          }
+          // P and alpha are read after the next chunk's barrier.
+        }
+      } else {
+        // ---- O[:, this chunk's columns] = diag(alpha) O + P V ----
+        const int cv = c - NC;  // a constant: the chunk loop is unrolled
+        const float al0 = alpha_s[rb + g], al1 = alpha_s[rb + g + 8];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          o[cv][j][0] *= al0;
+          o[cv][j][1] *= al0;
+          o[cv][j][2] *= al1;
+          o[cv][j][3] *= al1;
+        }
+        // The cross terms sum the tile's 32 keys from zero, the main products 8 keys at a time.
+        float small[NT][4] = {};
+#pragma unroll
+        for (int k0 = 0; k0 < kKeys; k0 += 8) {
+          // The warp's P fragment for 8 keys, split once and reused for every output tile.
+          uint32_t p_hi[4], p_lo[4];
+          load_a(Ps + rb * LDP + k0, LDP, g, t4, p_hi, p_lo);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            uint32_t b_hi[2], b_lo[2];
+            load_b(buf + (k0 + t4) * LDV + cb + 8 * j + g, 4 * LDV, b_hi, b_lo);
+            float big[4] = {};
+            mma_3xtf32(big, small[j], p_hi, p_lo, b_hi, b_lo);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[cv][j][e] += big[e];
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[cv][j][e] += small[j][e];
         }
       }
     }
-    __syncthreads();  // V, P and alpha are rewritten by the next tile
   }
 
-  // Lane (g, t) holds, per column block c and tile j, columns c·KW + cb + 8j + 2t (+1) of rows rb + g
+  // Lane (g, t) holds, per V chunk c and tile j, columns c·kCols + cb + 8j + 2t (+1) of rows rb + g
   // (o[..][0..1]) and rb + g + 8 (o[..][2..3]).
   if (part_o != nullptr) {
     // A partial result: unnormalised rows and their (max, sum), merged by the combine kernel.
@@ -392,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j) store2(dst + c * KW + 8 * j, o[c][j][2 * half], o[c][j][2 * half + 1], true);
+        for (int j = 0; j < NT; ++j) store2(dst + c * kCols + 8 * j, o[c][j][2 * half], o[c][j][2 * half + 1], true);
       }
     }
     return;
@@ -413,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int c = 0; c < NC; ++c) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        store2(dst + c * KW + 8 * j, o[c][j][2 * half] * inv, o[c][j][2 * half + 1] * inv, vec);
+        store2(dst + c * kCols + 8 * j, o[c][j][2 * half] * inv, o[c][j][2 * half + 1] * inv, vec);
       }
     }
   }

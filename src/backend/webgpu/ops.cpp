@@ -3,8 +3,8 @@
 // field; sizes are static_asserted) and records its dispatches. Kernel maths and launch shapes are
 // described at the top of each .wgsl file.
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "backend/cpu/ops.h"
@@ -759,27 +759,37 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
 
   // Sequences go in groups whose chunk matrices fit one scratch binding (usually all at once):
   // Pᵀ [C×C], Wᵀ [dk×C], U (then Δ) [C×dv], γ and dlast [C] and the starting state [dk×dv] per chunk
-  // and value head.
+  // and value head. A sequence with more chunks than one binding holds runs alone in segments of
+  // max_chunks chunks, each continuing from the state the previous one left (two state buffers used
+  // in turn, as a binding may not be written while another binding of the dispatch reads it).
   const uint64_t region =
       uint64_t(kChunk) * kChunk + uint64_t(kChunk) * (dk + dv) + 2ull * kChunk + uint64_t(dk) * dv;
   const uint64_t region_bytes = region * sizeof(float) * static_cast<uint64_t>(Hv);
   const uint64_t max_chunks = limits_.max_binding / region_bytes;
+  KEV_CHECK(max_chunks > 0, ErrorCode::Unsupported, kOp, ": one 64-token chunk needs ", region_bytes,
+            " bytes of chunk matrices (", Hv, " value heads, dk ", dk, ", dv ", dv,
+            "); the storage binding limit is ", limits_.max_binding);
   std::vector<int64_t> chunks(R);
   uint64_t group_max = 0, run = 0;
+  bool segmented = false;
   for (int64_t r = 0; r < R; ++r) {
     chunks[r] = static_cast<int64_t>(ceil_div(layout.offsets[r + 1] - layout.offsets[r], kChunk));
-    KEV_CHECK(static_cast<uint64_t>(chunks[r]) <= max_chunks, ErrorCode::Unsupported, kOp, ": a sequence of ",
-              layout.offsets[r + 1] - layout.offsets[r], " tokens needs ", chunks[r] * region_bytes,
-              " bytes of chunk matrices; the storage binding limit ", limits_.max_binding, " holds ", max_chunks * kChunk,
-              " tokens");
+    segmented = segmented || static_cast<uint64_t>(chunks[r]) > max_chunks;
     if (run + chunks[r] > max_chunks) {
       group_max = std::max(group_max, run);
       run = 0;
     }
     run += chunks[r];
   }
-  group_max = std::max<uint64_t>({group_max, run, 1});
+  group_max = std::min(std::max<uint64_t>({group_max, run, 1}), max_chunks);
   KEV_ASSIGN_OR_RETURN(Binding scratch, device_->scratch(group_max * region_bytes));
+  const uint64_t state_bytes = static_cast<uint64_t>(Hv * dk * dv) * sizeof(float);
+  std::array<Bound, 2> carried{};
+  if (segmented) {
+    for (Bound& c : carried) {
+      KEV_ASSIGN_OR_RETURN(c.b, device_->scratch(state_bytes));
+    }
+  }
 
   GdnPrepParams pp{};
   pp.hk = u32(Hk);
@@ -808,10 +818,6 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   rp.k_off = bk.off;
   rp.k_st0 = pp.k_st0;
   rp.k_st1 = pp.k_st1;
-  rp.si_off = bs.off;
-  rp.so_off = bso.off;
-  rp.has_state_in = layout.from_prefix ? 1 : 0;
-  rp.has_state_out = state_out.empty() ? 0 : 1;
   rp.n_slices = u32(ceil_div(dv, kRecurSlice));
   rp.region = u32(region);
   GdnOutParams op{};
@@ -828,22 +834,10 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   op.n_slices = u32(ceil_div(dv, kOutSlice));
   op.region = u32(region);
 
-  for (int64_t r0 = 0; r0 < R;) {
-    // Table: per sequence (first chunk, chunk count, first token, length), then per chunk (t0, cn,
-    // whether its starting state can be nonzero).
-    std::vector<uint32_t> seqs, chunk_list;
-    uint64_t n_chunks = 0;
-    int64_t r1 = r0;
-    for (; r1 < R && (r1 == r0 || n_chunks + chunks[r1] <= max_chunks); ++r1) {
-      const int64_t begin = layout.offsets[r1], len = layout.offsets[r1 + 1] - begin;
-      seqs.insert(seqs.end(), {u32(n_chunks), u32(chunks[r1]), u32(begin), u32(len)});
-      for (int64_t c = 0; c < chunks[r1]; ++c) {
-        chunk_list.push_back(u32(begin + c * kChunk));
-        chunk_list.push_back(u32(std::min<int64_t>(kChunk, len - c * kChunk)));
-        chunk_list.push_back(c > 0 || layout.from_prefix ? 1 : 0);
-      }
-      n_chunks += chunks[r1];
-    }
+  // One group: its table (per sequence (first chunk, chunk count, first token, length), then per chunk
+  // (t0, cn, whether its starting state can be nonzero)) and the three dispatches.
+  auto run_group = [&](const std::vector<uint32_t>& seqs, const std::vector<uint32_t>& chunk_list,
+                       uint64_t n_chunks, const Bound& s_in, bool has_in, const Bound& s_out, bool has_out) -> Status {
     std::vector<uint32_t> table(seqs);
     table.insert(table.end(), chunk_list.begin(), chunk_list.end());
     KEV_ASSIGN_OR_RETURN(Binding bt, device_->stage(table.data(), table.size() * sizeof(uint32_t)));
@@ -851,13 +845,52 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
     pp.chunk_base = u32(seqs.size());
     KEV_TRY(dispatch(kOp, kGdnPrep, &pp, sizeof pp, {bq.b, bk.b, bv.b, bg.b, bbeta.b, bt, scratch},
                      n_chunks * static_cast<uint64_t>(Hv)));
-    rp.n_seqs = u32(r1 - r0);
-    KEV_TRY(dispatch(kOp, kGdnRecur, &rp, sizeof rp, {bk.b, bs.b, bt, scratch, bso.b},
+    rp.n_seqs = u32(seqs.size() / 4);
+    rp.si_off = s_in.off;
+    rp.so_off = s_out.off;
+    rp.has_state_in = has_in ? 1 : 0;
+    rp.has_state_out = has_out ? 1 : 0;
+    KEV_TRY(dispatch(kOp, kGdnRecur, &rp, sizeof rp, {bk.b, s_in.b, bt, scratch, s_out.b},
                      uint64_t{rp.n_slices} * Hv * rp.n_seqs));
     op.n_chunks = pp.n_chunks;
     op.chunk_base = pp.chunk_base;
-    KEV_TRY(dispatch(kOp, kGdnOut, &op, sizeof op, {bq.b, bt, scratch, bo.b},
-                     uint64_t{op.n_slices} * Hv * n_chunks));
+    return dispatch(kOp, kGdnOut, &op, sizeof op, {bq.b, bt, scratch, bo.b}, uint64_t{op.n_slices} * Hv * n_chunks);
+  };
+
+  for (int64_t r0 = 0; r0 < R;) {
+    if (static_cast<uint64_t>(chunks[r0]) > max_chunks) {  // segments of one long sequence
+      const int64_t begin = layout.offsets[r0], len = layout.offsets[r0 + 1] - begin;
+      const int64_t seg_tokens = static_cast<int64_t>(max_chunks) * kChunk;
+      const int64_t n_segs = static_cast<int64_t>(ceil_div(len, seg_tokens));
+      for (int64_t sg = 0; sg < n_segs; ++sg) {
+        const int64_t s_begin = begin + sg * seg_tokens, s_len = std::min(seg_tokens, len - sg * seg_tokens);
+        const int64_t s_chunks = static_cast<int64_t>(ceil_div(s_len, kChunk));
+        const bool from_state = sg > 0 || layout.from_prefix, last = sg + 1 == n_segs;
+        std::vector<uint32_t> seqs{0, u32(s_chunks), u32(s_begin), u32(s_len)}, chunk_list;
+        for (int64_t c = 0; c < s_chunks; ++c) {
+          chunk_list.insert(chunk_list.end(), {u32(s_begin + c * kChunk), u32(std::min<int64_t>(kChunk, s_len - c * kChunk)),
+                                               c > 0 || from_state ? 1u : 0u});
+        }
+        const Bound& s_in = sg == 0 ? bs : carried[(sg - 1) % 2];
+        const Bound& s_out = last ? bso : carried[sg % 2];
+        KEV_TRY(run_group(seqs, chunk_list, s_chunks, s_in, from_state, s_out, last ? !state_out.empty() : true));
+      }
+      ++r0;
+      continue;
+    }
+    std::vector<uint32_t> seqs, chunk_list;
+    uint64_t n_chunks = 0;
+    int64_t r1 = r0;
+    for (; r1 < R && static_cast<uint64_t>(chunks[r1]) <= max_chunks && n_chunks + chunks[r1] <= max_chunks; ++r1) {
+      const int64_t begin = layout.offsets[r1], len = layout.offsets[r1 + 1] - begin;
+      seqs.insert(seqs.end(), {u32(n_chunks), u32(chunks[r1]), u32(begin), u32(len)});
+      for (int64_t c = 0; c < chunks[r1]; ++c) {
+        chunk_list.insert(chunk_list.end(), {u32(begin + c * kChunk), u32(std::min<int64_t>(kChunk, len - c * kChunk)),
+                                             c > 0 || layout.from_prefix ? 1u : 0u});
+      }
+      n_chunks += chunks[r1];
+    }
+    KEV_TRY(run_group(seqs, chunk_list, n_chunks, bs, layout.from_prefix, bso, !state_out.empty()));
     r0 = r1;
   }
   return Status::success();

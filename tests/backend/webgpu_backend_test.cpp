@@ -65,15 +65,26 @@ TEST(WebGpu, ReportsAdapterAndLimits) {
   std::printf("webgpu adapter: %s\n", info.device.c_str());
 }
 
+// Runs `c` on `gpu` and on the CPU reference: the case must be supported and within its tolerance.
+void expect_matches_reference(const OpCase& c, Backend& gpu) {
+  const CaseReport r = run_case(c, gpu, cpu_reference());
+  ASSERT_TRUE(r.supported) << r.message;
+  EXPECT_TRUE(r.ok) << r.message;
+  std::cout << r.message;
+}
+
+// Test names of the edge tables (each entry's `name`).
+template <const auto& kTable>
+std::string edge_name(const ::testing::TestParamInfo<size_t>& info) {
+  return kTable[info.param].name;
+}
+
 class OpVsReference : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(OpVsReference, Matches) {
   REQUIRE_WEBGPU(gpu);
   const OpCase& c = all_op_cases()[GetParam()];
-  const CaseReport r = run_case(c, *gpu, cpu_reference());
-  ASSERT_TRUE(r.supported) << r.message;
-  EXPECT_TRUE(r.ok) << r.message;
-  std::cout << r.message;
+  expect_matches_reference(c, *gpu);
 }
 
 std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
@@ -206,16 +217,11 @@ TEST_P(MatmulEdges, MatchReference) {
                   e.bias ? in("bias", {e.m}, normal()) : absent("bias"), padded(out("out", {e.n, e.m}), e.out_pad, 0)},
                  1e-10,
                  [](Backend& b, const std::vector<Tensor>& t) { return b.matmul(t[0], t[1], t[2], t[3]); }};
-  const CaseReport r = run_case(c, *gpu, cpu_reference());
-  ASSERT_TRUE(r.supported) << r.message;
-  EXPECT_TRUE(r.ok) << r.message;
-  std::cout << r.message;
+  expect_matches_reference(c, *gpu);
 }
 
 INSTANTIATE_TEST_SUITE_P(WebGpu, MatmulEdges, ::testing::Range<size_t>(0, std::size(kMatmulEdges)),
-                         [](const ::testing::TestParamInfo<size_t>& info) {
-                           return std::string(kMatmulEdges[info.param].name);
-                         });
+                         edge_name<kMatmulEdges>);
 
 // Every output element is accumulated in ascending k with one FMA per step by all matmul entry
 // points, so a row's result depends neither on how many rows share the pass nor on which kernel ran.
@@ -364,16 +370,11 @@ TEST_P(AttentionEdges, MatchReference) {
                  [=](Backend& b, const std::vector<Tensor>& t) {
                    return b.attention(t[0], t[1], t[2], t[3], t[4], layout, scale, t[5]);
                  }};
-  const CaseReport r = run_case(c, *gpu, cpu_reference());
-  ASSERT_TRUE(r.supported) << r.message;
-  EXPECT_TRUE(r.ok) << r.message;
-  std::cout << r.message;
+  expect_matches_reference(c, *gpu);
 }
 
 INSTANTIATE_TEST_SUITE_P(WebGpu, AttentionEdges, ::testing::Range<size_t>(0, std::size(kAttnEdges)),
-                         [](const ::testing::TestParamInfo<size_t>& info) {
-                           return std::string(kAttnEdges[info.param].name);
-                         });
+                         edge_name<kAttnEdges>);
 
 // Gated delta rule shapes the op table does not reach: sequences of many chunks (the recurrence
 // walking 11-16 chunks, each chunk's output from its stored starting state), a partial last dv slice,
@@ -427,16 +428,11 @@ TEST_P(GdnEdges, MatchReference) {
            [=](Backend& b, const std::vector<Tensor>& t) {
              return b.gated_delta_rule(t[0], t[1], t[2], t[3], t[4], t[5], layout, t[6], t[7]);
            }};
-  const CaseReport r = run_case(c, *gpu, cpu_reference());
-  ASSERT_TRUE(r.supported) << r.message;
-  EXPECT_TRUE(r.ok) << r.message;
-  std::cout << r.message;
+  expect_matches_reference(c, *gpu);
 }
 
 INSTANTIATE_TEST_SUITE_P(WebGpu, GdnEdges, ::testing::Range<size_t>(0, std::size(kGdnEdges)),
-                         [](const ::testing::TestParamInfo<size_t>& info) {
-                           return std::string(kGdnEdges[info.param].name);
-                         });
+                         edge_name<kGdnEdges>);
 
 // Heads whose one chunk of matrices exceeds the storage binding limit are refused, naming the limit
 // (591,872 bytes per chunk for 4 value heads at dk = dv = 128, against 512 KiB).

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <numeric>
 #include <random>
 
 #include "backend/op_harness.h"
@@ -71,6 +72,14 @@ void expect_matches_reference(const OpCase& c, Backend& gpu) {
   ASSERT_TRUE(r.supported) << r.message;
   EXPECT_TRUE(r.ok) << r.message;
   std::cout << r.message;
+}
+
+// `shared`, or (limit > 0) a backend planning with that storage binding limit.
+std::shared_ptr<Backend> with_binding_limit(const std::shared_ptr<Backend>& shared, uint64_t limit) {
+  if (limit == 0) return shared;
+  auto limited = create_webgpu_backend_with_binding_limit(BackendOptions{}, limit);
+  EXPECT_TRUE(limited.ok()) << limited.status().to_string();
+  return limited.ok() ? *limited : nullptr;
 }
 
 // Test names of the edge tables (each entry's `name`).
@@ -346,14 +355,9 @@ class AttentionEdges : public ::testing::TestWithParam<size_t> {};
 TEST_P(AttentionEdges, MatchReference) {
   REQUIRE_WEBGPU(shared);
   const AttnEdge& e = kAttnEdges[GetParam()];
-  std::shared_ptr<Backend> gpu = shared;
-  if (e.binding_limit > 0) {
-    auto limited = create_webgpu_backend_with_binding_limit(BackendOptions{}, e.binding_limit);
-    ASSERT_TRUE(limited.ok()) << limited.status().to_string();
-    gpu = *limited;
-  }
-  int64_t n = 0;
-  for (int64_t l : e.seqs) n += l;
+  const std::shared_ptr<Backend> gpu = with_binding_limit(shared, e.binding_limit);
+  ASSERT_TRUE(gpu);
+  const int64_t n = std::accumulate(e.seqs.begin(), e.seqs.end(), int64_t{0});
   const SeqLayout layout = layout_of(e.seqs, e.Ls, e.Ls > 0);
   const bool prefix = e.Ls > 0;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(e.hd)));
@@ -406,14 +410,9 @@ class GdnEdges : public ::testing::TestWithParam<size_t> {};
 TEST_P(GdnEdges, MatchReference) {
   REQUIRE_WEBGPU(shared);
   const GdnEdge& e = kGdnEdges[GetParam()];
-  std::shared_ptr<Backend> gpu = shared;
-  if (e.binding_limit > 0) {
-    auto limited = create_webgpu_backend_with_binding_limit(BackendOptions{}, e.binding_limit);
-    ASSERT_TRUE(limited.ok()) << limited.status().to_string();
-    gpu = *limited;
-  }
-  int64_t n = 0;
-  for (int64_t l : e.seqs) n += l;
+  const std::shared_ptr<Backend> gpu = with_binding_limit(shared, e.binding_limit);
+  ASSERT_TRUE(gpu);
+  const int64_t n = std::accumulate(e.seqs.begin(), e.seqs.end(), int64_t{0});
   const SeqLayout layout = layout_of(e.seqs, 0, e.from_state);
   const double qscale = 1.0 / std::sqrt(static_cast<double>(e.dk));
   OpCase c{OpKind::GatedDeltaRule,

@@ -242,9 +242,9 @@ INSTANTIATE_TEST_SUITE_P(WebGpu, MatmulEdges, ::testing::Range<size_t>(0, std::s
 // bit.
 TEST(WebGpu, MatmulRowsDoNotDependOnThePassOrTheKernel) {
   REQUIRE_WEBGPU(unused);
-  auto split = create_webgpu_backend_with_binding_limit(BackendOptions{}, uint64_t{22} << 20);
-  ASSERT_TRUE(split.ok()) << split.status().to_string();
-  Backend& gpu = **split;
+  const std::shared_ptr<Backend> split = with_binding_limit(nullptr, uint64_t{22} << 20);
+  ASSERT_TRUE(split);
+  Backend& gpu = *split;
   Backend& cpu = cpu_reference();
   std::vector<std::shared_ptr<Buffer>> keep;
   const int64_t n = 130, k = 170, m = 34000, few = 3;
@@ -437,9 +437,9 @@ INSTANTIATE_TEST_SUITE_P(WebGpu, GdnEdges, ::testing::Range<size_t>(0, std::size
 // (591,872 bytes per chunk for 4 value heads at dk = dv = 128, against 512 KiB).
 TEST(WebGpu, GdnRefusesAChunkOverTheBindingLimit) {
   REQUIRE_WEBGPU(unused);
-  auto limited = create_webgpu_backend_with_binding_limit(BackendOptions{}, uint64_t{512} << 10);
-  ASSERT_TRUE(limited.ok()) << limited.status().to_string();
-  Backend& gpu = **limited;
+  const std::shared_ptr<Backend> limited = with_binding_limit(nullptr, uint64_t{512} << 10);
+  ASSERT_TRUE(limited);
+  Backend& gpu = *limited;
   std::vector<std::shared_ptr<Buffer>> keep;
   const int64_t n = 330, Hk = 2, Hv = 4, d = 128;
   const Tensor q = put(gpu, keep, BufferUsage::Activations, DType::F32, {n, Hk, d}, nullptr);

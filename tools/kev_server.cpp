@@ -1,6 +1,7 @@
 // kev_server: the TypeSafe-compatible HTTP API (KEV_SPEC.md §8) over one model; docs/server.md.
 //   kev_server --model DIR [--base DIR] [--backend cpu|cuda|webgpu] [--host 127.0.0.1] [--port 8008]
-//              [--max-batch N] [--prefix-cache N] [--prefix-cache-tokens N] [--truncate-states]
+//              [--max-batch N] [--max-queue N] [--queue-timeout-ms MS] [--prefix-cache N]
+//              [--prefix-cache-tokens N] [--truncate-states]
 //              [--max-body-bytes N] [--threads N] [--http-threads N] [--max-prefix N] [--max-context N]
 // KEV_API_KEY, when set, is the bearer key /v1/* requires. SIGINT/SIGTERM: new requests get 503, the
 // admitted ones finish, then it exits 0.
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -44,7 +46,7 @@ int main(int argc, char** argv) {
   kev::Options options;
   kev::WorkerOptions worker_options;
   kev::ServerOptions server_options;
-  int64_t max_prefix = 0, max_context = 0;
+  int64_t max_prefix = 0, max_context = 0, queue_timeout_ms = 0;
   app.add_option("--model", model_dir, "exported model directory (kev_export), or an upstream checkpoint (head.pt)")
       ->required();
   app.add_option("--base", options.base_dir, "HF base model directory, for an upstream LoRA checkpoint");
@@ -58,6 +60,14 @@ int main(int argc, char** argv) {
   app.add_option("--max-batch", worker_options.max_batch, "requests merged into one evaluate call")
       ->default_val(32)
       ->check(CLI::Range(1, 4096));
+  app.add_option("--max-queue", worker_options.max_queue,
+                 "requests waiting for the model (besides the batch it runs); more are answered 503")
+      ->default_val(1024)
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--queue-timeout-ms", queue_timeout_ms,
+                 "a request that waited longer for the model is answered 503 unrun (0 = no limit)")
+      ->default_val(0)
+      ->check(CLI::Range(int64_t{0}, int64_t{3600} * 1000));
   app.add_option("--prefix-cache", worker_options.cache.max_entries, "state snapshots kept (0 = no cache)")
       ->default_val(16);
   app.add_option("--prefix-cache-tokens", worker_options.cache.max_tokens, "state tokens kept over all snapshots")
@@ -73,6 +83,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (const char* key = std::getenv("KEV_API_KEY"); key != nullptr) server_options.api_key = key;
+  worker_options.queue_timeout = std::chrono::milliseconds(queue_timeout_ms);
 
   // The limits as kev_runner takes them: the model's, with the flags' overrides.
   kev::Limits limits;

@@ -24,6 +24,7 @@ enum class ErrorCode {
   Device,             // CUDA / WebGPU runtime failures
   Io,                 // file system
   Internal,           // a broken invariant inside kev (a bug)
+  Unavailable,        // overloaded right now (a full queue, a queue-wait timeout); the same call may succeed later
 };
 
 const char* error_code_name(ErrorCode code);

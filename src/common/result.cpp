@@ -12,6 +12,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::Device: return "Device";
     case ErrorCode::Io: return "Io";
     case ErrorCode::Internal: return "Internal";
+    case ErrorCode::Unavailable: return "Unavailable";
   }
   return "Unknown";
 }

@@ -71,8 +71,17 @@ std::string new_request_id() {
   return buf;
 }
 
-// Status code of a model-side error: the caller's request (limits, types) is 422, the rest is ours.
-int http_status_of(const Status& st) { return st.code() == ErrorCode::InvalidRequest ? 422 : 500; }
+// A model-side error as an HTTP answer: the caller's request (limits, types) is 422; an overloaded worker
+// (full queue, queue-wait timeout) is 503 with Retry-After, so clients back off and retry; the rest is ours.
+void set_model_error(httplib::Response& res, const Status& st) {
+  switch (st.code()) {
+    case ErrorCode::InvalidRequest: return set_error(res, 422, st.message());
+    case ErrorCode::Unavailable:
+      res.set_header("Retry-After", "1");
+      return set_error(res, 503, st.message());
+    default: return set_error(res, 500, st.message());
+  }
+}
 
 bool is_model_path(const std::string& path) { return path == "/v1/systemone" || path == "/v1/systemone/separate"; }
 
@@ -162,6 +171,8 @@ struct HttpServer::Impl {
     stats["cache_entries"] = ws.cache_entries;
     stats["cache_tokens"] = ws.cache_tokens;
     stats["queued"] = ws.queued;
+    stats["rejected_full"] = ws.rejected_full;
+    stats["expired"] = ws.expired;
     stats["in_flight"] = admitted_now();
     stats["uptime_s"] = ms_since(started) / 1e3;
     c["stats"] = std::move(stats);
@@ -198,7 +209,7 @@ struct HttpServer::Impl {
     t_model_log.questions = static_cast<int64_t>(request->questions.size());
 
     Result<PreparedRequest> prepared = worker.prepare(std::move(request).value(), separate);
-    if (!prepared.ok()) return set_error(res, http_status_of(prepared.status()), prepared.status().message());
+    if (!prepared.ok()) return set_model_error(res, prepared.status());
     const Request kept = prepared->request;  // the worker consumes the prepared request
     t_model_log.state_tokens = static_cast<int64_t>(prepared->state.tokens.size());
 
@@ -210,7 +221,7 @@ struct HttpServer::Impl {
     log.queue_ms = served.queue_ms;
     log.prefill_ms = served.prefill_ms;
     log.evaluate_ms = served.evaluate_ms;
-    if (!served.status.ok()) return set_error(res, http_status_of(served.status), served.status.message());
+    if (!served.status.ok()) return set_model_error(res, served.status);
 
     Result<int64_t> output_tokens = count_output_tokens(worker.tokenizer(), kept, served.answers);
     if (!output_tokens.ok()) return set_error(res, 500, output_tokens.status().message());
@@ -237,11 +248,17 @@ struct HttpServer::Impl {
     if (log.state_tokens >= 0) line["state_tokens"] = log.state_tokens;
     if (log.questions >= 0) line["questions"] = log.questions;
     if (log.served) {
-      line["batch"] = log.batch;
-      line["cache"] = log.cache_hit ? "hit" : "miss";
+      // batch 0: answered without running (full queue, expired wait), so there is no cache or model time.
+      const bool ran = log.batch > 0;
+      if (ran) {
+        line["batch"] = log.batch;
+        line["cache"] = log.cache_hit ? "hit" : "miss";
+      }
       line["queue_ms"] = ms3(log.queue_ms);
-      line["prefill_ms"] = ms3(log.prefill_ms);
-      line["evaluate_ms"] = ms3(log.evaluate_ms);
+      if (ran) {
+        line["prefill_ms"] = ms3(log.prefill_ms);
+        line["evaluate_ms"] = ms3(log.evaluate_ms);
+      }
       if (res.status < 400) line["total_ms"] = ms3(log.total_ms);
     }
     if (res.status >= 400 && !res.body.empty()) {

@@ -34,6 +34,10 @@ Result<std::unique_ptr<ModelWorker>> ModelWorker::open(const std::string& model_
                                                        WorkerOptions worker_options) {
   KEV_CHECK(worker_options.max_batch >= 1, ErrorCode::InvalidRequest, "max_batch is ", worker_options.max_batch,
             "; it must be at least 1");
+  KEV_CHECK(worker_options.max_queue >= 1, ErrorCode::InvalidRequest, "max_queue is ", worker_options.max_queue,
+            "; it must be at least 1");
+  KEV_CHECK(worker_options.queue_timeout.count() >= 0, ErrorCode::InvalidRequest, "queue_timeout is ",
+            worker_options.queue_timeout.count(), " ms; it must be 0 (no limit) or more");
   // The tokenizer the engine uses, found as Engine::load finds it, so prepare() encodes exactly as
   // prefill() and evaluate() will.
   std::string tokenizer_path, source;
@@ -102,6 +106,13 @@ Served ModelWorker::serve(PreparedRequest request) {
       s.status = Status(ErrorCode::Internal, "the model worker has stopped; no new requests are taken");
       return s;
     }
+    if (queue_.size() >= static_cast<size_t>(worker_options_.max_queue)) {
+      ++stats_.rejected_full;
+      Served s;
+      s.status = Status(ErrorCode::Unavailable, cat("the model's queue is full (", queue_.size(),
+                                                    " requests waiting; --max-queue)"));
+      return s;
+    }
     queue_.push_back(std::move(job));
     ++stats_.queued;
   }
@@ -115,18 +126,32 @@ WorkerStats ModelWorker::stats() const {
 }
 
 void ModelWorker::run() {
+  const auto timeout = worker_options_.queue_timeout;
   while (true) {
-    std::vector<std::unique_ptr<Job>> jobs;
+    std::vector<std::unique_ptr<Job>> jobs, expired;
+    Clock::time_point taken;
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, and everything queued has been answered
+      taken = Clock::now();
       while (!queue_.empty()) {
-        jobs.push_back(std::move(queue_.front()));
+        const bool late = timeout.count() > 0 && taken - queue_.front()->queued_at > timeout;
+        (late ? expired : jobs).push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
       stats_.queued = 0;
+      stats_.expired += expired.size();
     }
+    for (const std::unique_ptr<Job>& job : expired) {
+      Served s;
+      s.queue_ms = ms_between(job->queued_at, taken);
+      s.status = Status(ErrorCode::Unavailable,
+                        cat("waited ", static_cast<int64_t>(s.queue_ms), " ms in the queue, over the ", timeout.count(),
+                            " ms limit (--queue-timeout-ms)"));
+      job->done.set_value(std::move(s));
+    }
+    if (jobs.empty()) continue;
     if (worker_options_.before_batch) worker_options_.before_batch();
     serve_jobs(std::move(jobs));
   }

@@ -14,6 +14,9 @@
 // (KEV_SPEC.md §4.4) and the CPU backend's matmul is row-invariant, so a batched answer is bitwise the
 // answer of the request served alone (tests/server/model_worker_test.cpp checks it).
 // "separate" requests run each question in its own evaluate() call and are never merged.
+// Overload: serve() refuses at once (Unavailable) while max_queue requests wait, and a request that
+// waited longer than queue_timeout when the worker takes it is answered Unavailable without running,
+// so a client learns it should back off instead of waiting behind a backlog it cannot see.
 // Thread-safety: prepare(), serve(), stats() and the accessors may be called from any thread.
 #pragma once
 
@@ -39,7 +42,14 @@ namespace kev {
 struct WorkerOptions {
   int max_batch = 32;  // requests merged into one evaluate() call, >= 1
   PrefixCacheLimits cache;
-  // Runs on the worker thread before each batch it takes. Tests hold the worker with it so that
+  // Requests waiting for the worker thread (not counting the batch it is serving), >= 1; serve() on a
+  // full queue fails at once with Unavailable.
+  int max_queue = 1024;
+  // A request that has waited longer than this when the worker takes it is answered Unavailable without
+  // running. 0: no limit; never negative.
+  std::chrono::milliseconds queue_timeout{0};
+  // Runs on the worker thread before each batch it takes, after expired requests have been dropped from
+  // it (not at all when every request taken had expired). Tests hold the worker with it so that
   // requests pile up and batch (or stay in flight) deterministically.
   std::function<void()> before_batch;
 };
@@ -69,6 +79,8 @@ struct WorkerStats {
   uint64_t cache_hits = 0;        // prefix lookups answered by the cache
   uint64_t cache_misses = 0;      // prefix lookups that ran a state pass
   uint64_t queued = 0;            // requests waiting now
+  uint64_t rejected_full = 0;     // serve() calls refused because max_queue requests were waiting
+  uint64_t expired = 0;           // requests answered unrun because they waited over queue_timeout
   size_t cache_entries = 0;
   int64_t cache_tokens = 0;
 };
@@ -76,7 +88,7 @@ struct WorkerStats {
 class ModelWorker {
  public:
   // Loads the model (an exported directory or an upstream checkpoint, as Engine::load) and its
-  // tokenizer, and starts the worker thread.
+  // tokenizer, and starts the worker thread. Worker options out of range are InvalidRequest.
   static Result<std::unique_ptr<ModelWorker>> open(const std::string& model_path, const Options& options,
                                                    WorkerOptions worker_options);
   ModelWorker(const ModelWorker&) = delete;
@@ -85,7 +97,8 @@ class ModelWorker {
 
   // Tokenises the state and every question row and checks the limits (InvalidRequest naming the limit).
   Result<PreparedRequest> prepare(Request request, bool separate) const;
-  // Queues the request and waits for its answers. After stop() it fails without queueing.
+  // Queues the request and waits for its answers. After stop() it fails without queueing (Internal); on
+  // a full queue, or when it waited over queue_timeout, it fails with Unavailable.
   Served serve(PreparedRequest request);
   // Answers everything already queued, then ends the worker thread. Idempotent.
   void stop();

@@ -1,8 +1,10 @@
 // kev_server over real loopback HTTP (httplib client) on the tiny synthetic model: every endpoint,
-// auth, request ids, server-timing, every error status with its message, shutdown, and a 64-client
-// concurrency run whose answers must equal each request served alone.
+// auth, request ids, server-timing, every error status with its message, the queue bound and the
+// queue-wait timeout (503 + Retry-After), shutdown, and a 64-client concurrency run whose answers must
+// equal each request served alone.
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <regex>
 #include <thread>
 
@@ -336,6 +338,110 @@ TEST(HttpServer, TruncatingServerCutsLongStates) {
   auto card = c.Get("/v1/models");
   ASSERT_TRUE(card);
   EXPECT_EQ(parse_body(card)["models"][0]["truncate_states"], true);
+}
+
+// A POST answered on a thread of its own: the status (-1: no response), body and Retry-After header.
+struct Reply {
+  int status = -1;
+  std::string body;
+  std::string retry_after;
+};
+std::future<Reply> post_async(TestServer& s, const std::string& body) {
+  return std::async(std::launch::async, [&s, body] {
+    auto c = s.client();
+    auto res = post(c, "/v1/systemone", body);
+    return res ? Reply{res->status, res->body, res->get_header_value("Retry-After")} : Reply{};
+  });
+}
+
+void wait_queued(TestServer& s, uint64_t n) {
+  while (s.worker().stats().queued < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+TEST(HttpServer, AFullQueueIs503WithRetryAfterAndTheQueuedRequestsFinish) {
+  test::Gate gate;
+  WorkerOptions w;
+  w.max_queue = 2;
+  w.before_batch = gate.hook();
+  TestServer s({}, w);
+  const std::string body = test::request_body(test::states()[0], test::question_sets()[0]);
+  // One request held inside the worker, two waiting: the queue is full.
+  std::future<Reply> held = post_async(s, body);
+  gate.wait_entered(1);
+  std::vector<std::future<Reply>> waiting;
+  for (int i = 0; i < 2; ++i) waiting.push_back(post_async(s, body));
+  wait_queued(s, 2);
+
+  auto c = s.client();
+  // A full queue answers at once; the short timeout and the release before any check keep a broken
+  // bound (the request queued behind the gate) a failure instead of a hang.
+  c.set_read_timeout(10, 0);
+  auto full = post(c, "/v1/systemone", body);
+  gate.release();
+  ASSERT_NO_FATAL_FAILURE(expect_error(full, 503, "the model's queue is full (2 requests waiting; --max-queue)"));
+  EXPECT_EQ(full->get_header_value("Retry-After"), "1");
+  const Json line = log_line(s, full->get_header_value("x-typesafe-request-id"));
+  EXPECT_EQ(line["status"], 503);
+  EXPECT_FALSE(line.contains("batch")) << "a refused request never ran: " << line.dump();
+
+  const Reply first = held.get();
+  EXPECT_EQ(first.status, 200) << first.body;
+  for (auto& f : waiting) {
+    const Reply r = f.get();
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  // With the queue drained, requests are taken again.
+  auto after = post(c, "/v1/systemone", body);
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200) << after->body;
+
+  const Json st = stats_after(s, 5);
+  EXPECT_EQ(st["requests"], 5);
+  EXPECT_EQ(st["errors"], 1);
+  EXPECT_EQ(st["rejected_full"], 1);
+  EXPECT_EQ(st["expired"], 0);
+  EXPECT_EQ(st["queued"], 0);
+}
+
+TEST(HttpServer, ARequestThatWaitedOverTheTimeoutIs503AndTheOthersAreServed) {
+  // The held request was taken at once by the idle worker and the fresh one waits only while the held
+  // one runs (milliseconds on the tiny model), both far within the limit; the late one is kept queued
+  // past it.
+  constexpr auto kTimeout = std::chrono::milliseconds(1000);
+  test::Gate gate;
+  WorkerOptions w;
+  w.queue_timeout = kTimeout;
+  w.before_batch = gate.hook();
+  TestServer s({}, w);
+  const std::string& qs = test::question_sets()[2];
+  std::future<Reply> held = post_async(s, test::request_body(test::states()[0], qs));
+  gate.wait_entered(1);
+  std::future<Reply> late = post_async(s, test::request_body(test::states()[1], qs));
+  wait_queued(s, 1);
+  // The late request is queued, so once this has passed its wait is over the limit.
+  std::this_thread::sleep_for(kTimeout + std::chrono::milliseconds(20));
+  std::future<Reply> fresh = post_async(s, test::request_body(test::states()[2], qs));
+  wait_queued(s, 2);
+  gate.release();
+
+  const Reply first = held.get();
+  EXPECT_EQ(first.status, 200) << first.body;
+  const Reply expired = late.get();
+  ASSERT_EQ(expired.status, 503) << expired.body;
+  EXPECT_EQ(expired.retry_after, "1");
+  const std::string detail = Json::parse(expired.body)["detail"];
+  const std::regex message(R"(waited ([0-9]+) ms in the queue, over the 1000 ms limit \(--queue-timeout-ms\))");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(detail, m, message)) << detail;
+  EXPECT_GE(std::stoll(m[1]), 1000);
+  const Reply other = fresh.get();
+  EXPECT_EQ(other.status, 200) << other.body << " (served in the batch the expired request was dropped from)";
+
+  const Json st = stats_after(s, 3);
+  EXPECT_EQ(st["errors"], 1);
+  EXPECT_EQ(st["expired"], 1);
+  EXPECT_EQ(st["rejected_full"], 0);
+  EXPECT_EQ(st["batches"], 2) << "the held request's batch, then the fresh one's";
 }
 
 TEST(HttpServer, ShutdownRefusesNewRequestsAndFinishesInFlightOnes) {

@@ -1,10 +1,10 @@
 // ModelWorker on the tiny synthetic model: batching across requests is invisible in the answers
-// (bitwise, CPU), the prefix cache's LRU bounds, max_batch, separate requests, validation on prepare.
+// (bitwise, CPU), the prefix cache's LRU bounds, max_batch, separate requests, validation on prepare,
+// the queue bound and the queue-wait timeout.
 #include <algorithm>
-#include <condition_variable>
+#include <chrono>
 #include <cstring>
 #include <future>
-#include <mutex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -17,33 +17,7 @@
 namespace kev {
 namespace {
 
-// Holds the worker in before_batch until release(), so requests pile up and batch deterministically.
-class Gate {
- public:
-  std::function<void()> hook() {
-    return [this] {
-      std::unique_lock<std::mutex> lock(mu_);
-      ++entered_;
-      entered_cv_.notify_all();
-      open_cv_.wait(lock, [&] { return open_; });
-    };
-  }
-  void wait_entered(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    entered_cv_.wait(lock, [&] { return entered_ >= n; });
-  }
-  void release() {
-    std::lock_guard<std::mutex> lock(mu_);
-    open_ = true;
-    open_cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable entered_cv_, open_cv_;
-  int entered_ = 0;
-  bool open_ = false;
-};
+using test::Gate;
 
 std::unique_ptr<ModelWorker> open_worker(WorkerOptions w, Options o = {}) {
   auto worker = ModelWorker::open(test::tiny_model_dir(), o, std::move(w));
@@ -247,6 +221,66 @@ TEST(ModelWorker, PrepareChecksLimitsAndAStoppedWorkerRefuses) {
     EXPECT_FALSE(s.status.ok());
     EXPECT_NE(s.status.message().find("stopped"), std::string::npos) << s.status.message();
   }
+}
+
+TEST(ModelWorker, OpenRefusesQueueOptionsOutOfRange) {
+  WorkerOptions no_queue;
+  no_queue.max_queue = 0;
+  auto a = ModelWorker::open(test::tiny_model_dir(), {}, no_queue);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), ErrorCode::InvalidRequest);
+  EXPECT_NE(a.status().message().find("max_queue is 0; it must be at least 1"), std::string::npos)
+      << a.status().message();
+
+  WorkerOptions negative;
+  negative.queue_timeout = std::chrono::milliseconds(-1);
+  auto b = ModelWorker::open(test::tiny_model_dir(), {}, negative);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), ErrorCode::InvalidRequest);
+  EXPECT_NE(b.status().message().find("queue_timeout is -1 ms"), std::string::npos) << b.status().message();
+}
+
+TEST(ModelWorker, ABatchOfOnlyExpiredRequestsIsAnsweredWithoutRunning) {
+  // The first request is taken at once by the idle worker (far within the limit) and held; the second
+  // waits behind it for longer than the limit, so when the worker takes it, it has expired.
+  constexpr auto kTimeout = std::chrono::milliseconds(200);
+  Gate gate;
+  WorkerOptions w;
+  w.queue_timeout = kTimeout;
+  w.before_batch = gate.hook();
+  auto worker = open_worker(w);
+  ASSERT_TRUE(worker);
+  const std::string body = test::request_body(test::states()[3], test::question_sets()[2]);
+  auto held = std::async(std::launch::async, [&] { return worker->serve(prepare(*worker, body)); });
+  gate.wait_entered(1);
+  auto late = std::async(std::launch::async, [&] { return worker->serve(prepare(*worker, body)); });
+  while (worker->stats().queued < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Queued by now, so past this point its wait is over the limit whatever the scheduling.
+  std::this_thread::sleep_for(kTimeout + std::chrono::milliseconds(20));
+  gate.release();
+
+  Served first = held.get();
+  EXPECT_TRUE(first.status.ok()) << first.status.to_string();
+  Served expired = late.get();
+  EXPECT_EQ(expired.status.code(), ErrorCode::Unavailable) << expired.status.to_string();
+  EXPECT_NE(expired.status.message().find("ms in the queue, over the 200 ms limit (--queue-timeout-ms)"),
+            std::string::npos)
+      << expired.status.message();
+  EXPECT_GT(expired.queue_ms, 200.0);
+  EXPECT_EQ(expired.batch_requests, 0) << "an expired request never runs";
+  EXPECT_TRUE(expired.answers.answers.empty());
+  EXPECT_EQ(gate.entered(), 1) << "a take where every request had expired is no batch";
+
+  WorkerStats st = worker->stats();
+  EXPECT_EQ(st.expired, 1u);
+  EXPECT_EQ(st.rejected_full, 0u);
+  EXPECT_EQ(st.batches, 1u);
+  EXPECT_EQ(st.queued, 0u);
+  // The worker carries on: a fresh request runs.
+  Served next = worker->serve(prepare(*worker, body));
+  EXPECT_TRUE(next.status.ok()) << next.status.to_string();
+  EXPECT_EQ(gate.entered(), 2);
+  EXPECT_EQ(worker->stats().expired, 1u);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // A kev_server inside the test process: a ModelWorker on the tiny synthetic model and an HttpServer on
-// an ephemeral loopback port, plus request bodies the server tests share.
+// an ephemeral loopback port, a gate that holds the worker, plus request bodies the server tests share.
 #pragma once
 
+#include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,6 +17,22 @@
 #include "server/model_worker.h"
 
 namespace kev::test {
+
+// Holds the worker in WorkerOptions::before_batch until release(), so requests pile up and batch (or
+// stay in flight) deterministically. Once released it never holds again.
+class Gate {
+ public:
+  std::function<void()> hook();
+  void wait_entered(int n);  // until the worker has entered the hook n times
+  int entered() const;
+  void release();
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable entered_cv_, open_cv_;
+  int entered_ = 0;
+  bool open_ = false;
+};
 
 class TestServer {
  public:

@@ -5,6 +5,31 @@
 
 namespace kev::test {
 
+std::function<void()> Gate::hook() {
+  return [this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++entered_;
+    entered_cv_.notify_all();
+    open_cv_.wait(lock, [&] { return open_; });
+  };
+}
+
+void Gate::wait_entered(int n) {
+  std::unique_lock<std::mutex> lock(mu_);
+  entered_cv_.wait(lock, [&] { return entered_ >= n; });
+}
+
+int Gate::entered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entered_;
+}
+
+void Gate::release() {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_ = true;
+  open_cv_.notify_all();
+}
+
 TestServer::TestServer(ServerOptions server_options, WorkerOptions worker_options, Options engine_options) {
   auto worker = ModelWorker::open(tiny_model_dir(), engine_options, std::move(worker_options));
   if (!worker.ok()) {

@@ -834,12 +834,27 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   op.n_slices = u32(ceil_div(dv, kOutSlice));
   op.region = u32(region);
 
-  // One group: its table (per sequence (first chunk, chunk count, first token, length), then per chunk
-  // (t0, cn, whether its starting state can be nonzero)) and the three dispatches.
-  auto run_group = [&](const std::vector<uint32_t>& seqs, const std::vector<uint32_t>& chunk_list,
-                       uint64_t n_chunks, const Bound& s_in, bool has_in, const Bound& s_out, bool has_out) -> Status {
+  // One group's table: per sequence (first chunk, chunk count, first token, length), then per chunk
+  // (t0, cn, whether its starting state can be nonzero).
+  struct Group {
+    std::vector<uint32_t> seqs, chunk_list;
+    uint64_t n_chunks = 0;
+    void add(int64_t begin, int64_t len, bool from_state) {
+      const int64_t n = static_cast<int64_t>(ceil_div(len, kChunk));
+      seqs.insert(seqs.end(), {u32(n_chunks), u32(n), u32(begin), u32(len)});
+      for (int64_t c = 0; c < n; ++c) {
+        chunk_list.insert(chunk_list.end(), {u32(begin + c * kChunk), u32(std::min<int64_t>(kChunk, len - c * kChunk)),
+                                             c > 0 || from_state ? 1u : 0u});
+      }
+      n_chunks += static_cast<uint64_t>(n);
+    }
+  };
+  // The group's three dispatches.
+  auto run_group = [&](const Group& g, const Bound& s_in, bool has_in, const Bound& s_out, bool has_out) -> Status {
+    const std::vector<uint32_t>& seqs = g.seqs;
+    const uint64_t n_chunks = g.n_chunks;
     std::vector<uint32_t> table(seqs);
-    table.insert(table.end(), chunk_list.begin(), chunk_list.end());
+    table.insert(table.end(), g.chunk_list.begin(), g.chunk_list.end());
     KEV_ASSIGN_OR_RETURN(Binding bt, device_->stage(table.data(), table.size() * sizeof(uint32_t)));
     pp.n_chunks = u32(n_chunks);
     pp.chunk_base = u32(seqs.size());
@@ -863,34 +878,22 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
       const int64_t seg_tokens = static_cast<int64_t>(max_chunks) * kChunk;
       const int64_t n_segs = static_cast<int64_t>(ceil_div(len, seg_tokens));
       for (int64_t sg = 0; sg < n_segs; ++sg) {
-        const int64_t s_begin = begin + sg * seg_tokens, s_len = std::min(seg_tokens, len - sg * seg_tokens);
-        const int64_t s_chunks = static_cast<int64_t>(ceil_div(s_len, kChunk));
         const bool from_state = sg > 0 || layout.from_prefix, last = sg + 1 == n_segs;
-        std::vector<uint32_t> seqs{0, u32(s_chunks), u32(s_begin), u32(s_len)}, chunk_list;
-        for (int64_t c = 0; c < s_chunks; ++c) {
-          chunk_list.insert(chunk_list.end(), {u32(s_begin + c * kChunk), u32(std::min<int64_t>(kChunk, s_len - c * kChunk)),
-                                               c > 0 || from_state ? 1u : 0u});
-        }
+        Group g;
+        g.add(begin + sg * seg_tokens, std::min(seg_tokens, len - sg * seg_tokens), from_state);
         const Bound& s_in = sg == 0 ? bs : carried[(sg - 1) % 2];
         const Bound& s_out = last ? bso : carried[sg % 2];
-        KEV_TRY(run_group(seqs, chunk_list, s_chunks, s_in, from_state, s_out, last ? !state_out.empty() : true));
+        KEV_TRY(run_group(g, s_in, from_state, s_out, last ? !state_out.empty() : true));
       }
       ++r0;
       continue;
     }
-    std::vector<uint32_t> seqs, chunk_list;
-    uint64_t n_chunks = 0;
+    Group g;
     int64_t r1 = r0;
-    for (; r1 < R && static_cast<uint64_t>(chunks[r1]) <= max_chunks && n_chunks + chunks[r1] <= max_chunks; ++r1) {
-      const int64_t begin = layout.offsets[r1], len = layout.offsets[r1 + 1] - begin;
-      seqs.insert(seqs.end(), {u32(n_chunks), u32(chunks[r1]), u32(begin), u32(len)});
-      for (int64_t c = 0; c < chunks[r1]; ++c) {
-        chunk_list.insert(chunk_list.end(), {u32(begin + c * kChunk), u32(std::min<int64_t>(kChunk, len - c * kChunk)),
-                                             c > 0 || layout.from_prefix ? 1u : 0u});
-      }
-      n_chunks += chunks[r1];
+    for (; r1 < R && static_cast<uint64_t>(chunks[r1]) <= max_chunks && g.n_chunks + chunks[r1] <= max_chunks; ++r1) {
+      g.add(layout.offsets[r1], layout.offsets[r1 + 1] - layout.offsets[r1], layout.from_prefix);
     }
-    KEV_TRY(run_group(seqs, chunk_list, n_chunks, bs, layout.from_prefix, bso, !state_out.empty()));
+    KEV_TRY(run_group(g, bs, layout.from_prefix, bso, !state_out.empty()));
     r0 = r1;
   }
   return Status::success();

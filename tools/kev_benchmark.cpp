@@ -155,12 +155,17 @@ kev::Result<double> time_op(kev::Backend& b, const std::function<kev::Status()>&
   return elapsed / reps;
 }
 
-kev::Result<Ceilings> measure_ceilings(const kev::Options& options, kev::DType weight_dtype) {
+kev::Result<Ceilings> measure_ceilings(const kev::Options& options, const kev::ModelFile& model) {
   KEV_ASSIGN_OR_RETURN(kev::BackendOptions bo, kev::backend_options(options));
+  KEV_ASSIGN_OR_RETURN(std::shared_ptr<kev::Backend> b, kev::create_backend(options.backend, bo));
+  // The projections' dtype on this backend, chosen as the engine's load chooses it.
+  const kev::DType weight_dtype = kev::matmul_dtype_for(*b, model.config, model.kev.dtype);
   // The ceiling is the hardware's plain 16-bit GEMM rate: BF16 x for BF16 weights (F16 weights come
   // with their x conversion and row rescale, as in the passes).
-  if (weight_dtype == kev::DType::BF16) bo.cuda_gemm = kev::CudaGemm::BF16;
-  KEV_ASSIGN_OR_RETURN(std::shared_ptr<kev::Backend> b, kev::create_backend(options.backend, bo));
+  if (weight_dtype == kev::DType::BF16 && bo.cuda_gemm != kev::CudaGemm::BF16) {
+    bo.cuda_gemm = kev::CudaGemm::BF16;
+    KEV_ASSIGN_OR_RETURN(b, kev::create_backend(options.backend, bo));
+  }
   const int64_t n = 4096;
   std::vector<std::shared_ptr<kev::Buffer>> hold;  // keeps the buffers alive while measuring
   auto make = [&](kev::DType dt, std::initializer_list<int64_t> shape) -> kev::Result<kev::Tensor> {
@@ -318,10 +323,7 @@ int main(int argc, char** argv) {
   if (gemm_peak) peak = sgemm_gflops(1024, 1024, 1024, 1.0);
   Ceilings ceil;
   if (ceilings) {
-    const std::string& dt = engine->info().dtype;
-    auto c = measure_ceilings(options, dt == "bf16"           ? kev::DType::BF16
-                                       : dt.rfind("f16", 0) == 0 ? kev::DType::F16
-                                                                 : kev::DType::F32);
+    auto c = measure_ceilings(options, *model);
     if (!c) return fail(c.status());
     ceil = *c;
   }

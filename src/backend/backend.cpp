@@ -17,6 +17,7 @@ const char* op_name(OpKind op) {
   switch (op) {
     case OpKind::Embedding: return "embedding";
     case OpKind::RmsNorm: return "rms_norm";
+    case OpKind::AddRmsNorm: return "add_rms_norm";
     case OpKind::Matmul: return "matmul";
     case OpKind::CausalConv1dSilu: return "causal_conv1d_silu";
     case OpKind::GdnGates: return "gdn_gates";

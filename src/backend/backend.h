@@ -28,6 +28,7 @@ namespace kev {
 enum class OpKind {
   Embedding,         // out[t,:] = table[ids[t],:]
   RmsNorm,           // out = x / sqrt(mean(x^2) + eps) * (1 + w), per innermost row
+  AddRmsNorm,        // x += y (in place), then out = rms_norm(x) as RmsNorm: the residual add and next norm
   Matmul,            // out = x · Wᵀ (+ bias)
   CausalConv1dSilu,  // depthwise causal conv (kernel K) over each sequence, conv state in/out, then SiLU
   GdnGates,          // beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias)
@@ -87,6 +88,10 @@ class Backend {
   virtual Status embedding(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
   // x [...,d], w [d] -> out like x. Gain is (1 + w) (zero-centred RMSNorm).
   virtual Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) = 0;
+  // x [...,d] updated in place to x + y, y like x, w [d] -> out like x = rms_norm(x + y, w, eps): the
+  // same arithmetic as add(x, y, x) then rms_norm(x, w, eps, out). out and y must not overlap x or each
+  // other.
+  virtual Status add_rms_norm(const Tensor& x, const Tensor& y, const Tensor& w, float eps, const Tensor& out) = 0;
   // x [n,k], w [m,k], bias [m] or empty -> out [n,m].
   virtual Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) = 0;
   // x [n,C] pre-conv stream, w [C,K]; state_in [C,K] (last K inputs before the pass; only the last

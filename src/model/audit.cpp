@@ -63,6 +63,9 @@ class RecordingBackend : public Backend {
 
   Status embedding(const Tensor&, const Tensor&, const Tensor&) override { return Status::success(); }
   Status rms_norm(const Tensor&, const Tensor&, float, const Tensor&) override { return Status::success(); }
+  Status add_rms_norm(const Tensor&, const Tensor&, const Tensor&, float, const Tensor&) override {
+    return Status::success();
+  }
   Status matmul(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override { return Status::success(); }
   Status causal_conv1d_silu(const Tensor&, const Tensor&, const Tensor&, const SeqLayout&, const Tensor&,
                             const Tensor&) override {

@@ -273,14 +273,13 @@ Status ModelRunner::gdn_layer(size_t il, const LayerWeights& L, const Tensor& a,
   return Status::success();
 }
 
-// x += down_proj(SiLU(gate_proj(a)) ⊙ up_proj(a)), a = N_post(x).
-Status ModelRunner::mlp(const LayerWeights& L, const Tensor& x) {
+// x += down_proj(SiLU(gate_proj(a)) ⊙ up_proj(a)) for the caller's a = N_post(x); then a = N_next(x)
+// (the next layer's input norm, or the final norm), fused with the residual add.
+Status ModelRunner::mlp(const LayerWeights& L, const Tensor& x, const Tensor& a, const Tensor& next_norm) {
   const int64_t n = x.dim(0), d = config_.n_embd, F = config_.n_ff;
   const Tensor none;
   const size_t mark = arena_.mark();
-  KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, d}));
   const float eps = static_cast<float>(config_.rms_eps);
-  KEV_TRY(run(OpKind::RmsNorm, {x, L.post_norm, a}, [&] { return backend_->rms_norm(x, L.post_norm, eps, a); }));
   // gate and up as one GEMM; the two halves of its output are column views.
   KEV_ASSIGN_OR_RETURN(Tensor gate_up, arena_.alloc(DType::F32, {n, 2 * F}));
   KEV_TRY(run(OpKind::Matmul, {a, L.gate_up_proj, none, gate_up},
@@ -289,8 +288,11 @@ Status ModelRunner::mlp(const LayerWeights& L, const Tensor& x) {
   const Tensor gate = gate_up.slice(1, 0, F), up = gate_up.slice(1, F, F);
   KEV_ASSIGN_OR_RETURN(Tensor act, arena_.alloc(DType::F32, {n, F}));
   KEV_TRY(run(OpKind::Swiglu, {gate, up, act}, [&] { return backend_->swiglu(gate, up, act); }));
-  KEV_TRY(run(OpKind::Matmul, {act, L.down_proj, none, a}, [&] { return backend_->matmul(act, L.down_proj, none, a); }));
-  KEV_TRY(run(OpKind::Add, {x, a, x}, [&] { return backend_->add(x, a, x); }));
+  KEV_ASSIGN_OR_RETURN(Tensor down, arena_.alloc(DType::F32, {n, d}));
+  KEV_TRY(run(OpKind::Matmul, {act, L.down_proj, none, down},
+              [&] { return backend_->matmul(act, L.down_proj, none, down); }));
+  KEV_TRY(run(OpKind::AddRmsNorm, {x, down, next_norm, a},
+              [&] { return backend_->add_rms_norm(x, down, next_norm, eps, a); }));
   arena_.rewind(mark);
   return Status::success();
 }
@@ -308,24 +310,28 @@ Result<PrefixState> ModelRunner::prefill(std::span<const int32_t> tokens) {
   KEV_ASSIGN_OR_RETURN(Tensor x, embed(tokens));
   const float eps = static_cast<float>(config_.rms_eps);
   const size_t n_layers = weights_.layers.size();
+  // a: the normed input of the next mixer or MLP. After layer 0's input norm, every norm of x comes
+  // fused with the residual add before it (add_rms_norm).
+  KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, config_.n_embd}));
+  const Tensor& norm0 = weights_.layers.front().input_norm;
+  KEV_TRY(run(OpKind::RmsNorm, {x, norm0, a}, [&] { return backend_->rms_norm(x, norm0, eps, a); }));
   for (size_t il = 0; il < n_layers; ++il) {
     const LayerWeights& L = weights_.layers[il];
     // The state pass keeps only what later rows read: the last layer's MLP (and, for an attention
     // layer, its output) feeds nothing stored in the snapshot.
     const bool last = il + 1 == n_layers;
     const size_t mark = arena_.mark();
-    KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, config_.n_embd}));
     KEV_ASSIGN_OR_RETURN(Tensor mix, arena_.alloc(DType::F32, {n, config_.n_embd}));
-    KEV_TRY(run(OpKind::RmsNorm, {x, L.input_norm, a}, [&] { return backend_->rms_norm(x, L.input_norm, eps, a); }));
     if (L.type == LayerType::FullAttention) {
       KEV_TRY(attention_layer(il, L, a, layout, no_prefix, &prefix, !last, mix));
     } else {
       KEV_TRY(gdn_layer(il, L, a, layout, no_prefix, &prefix, mix));
     }
     if (last) break;
-    KEV_TRY(run(OpKind::Add, {x, mix, x}, [&] { return backend_->add(x, mix, x); }));
+    KEV_TRY(run(OpKind::AddRmsNorm, {x, mix, L.post_norm, a},
+                [&] { return backend_->add_rms_norm(x, mix, L.post_norm, eps, a); }));
     arena_.rewind(mark);
-    KEV_TRY(mlp(L, x));
+    KEV_TRY(mlp(L, x, a, weights_.layers[il + 1].input_norm));
   }
   KEV_TRY(backend_->synchronize());
   KEV_TRY(arena_.reset());
@@ -346,29 +352,31 @@ Result<std::vector<float>> ModelRunner::score(const PrefixState& prefix, const S
   const float eps = static_cast<float>(c.rms_eps);
   const Tensor none;
   const size_t n_layers = weights_.layers.size();
+  // a: the normed input of the next mixer or MLP, as in prefill.
+  KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, c.n_embd}));
+  const Tensor& norm0 = weights_.layers.front().input_norm;
+  KEV_TRY(run(OpKind::RmsNorm, {x, norm0, a}, [&] { return backend_->rms_norm(x, norm0, eps, a); }));
   for (size_t il = 0; il + 1 < n_layers; ++il) {
     const LayerWeights& L = weights_.layers[il];
     const size_t mark = arena_.mark();
-    KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, c.n_embd}));
     KEV_ASSIGN_OR_RETURN(Tensor mix, arena_.alloc(DType::F32, {n, c.n_embd}));
-    KEV_TRY(run(OpKind::RmsNorm, {x, L.input_norm, a}, [&] { return backend_->rms_norm(x, L.input_norm, eps, a); }));
     if (L.type == LayerType::FullAttention) {
       KEV_TRY(attention_layer(il, L, a, pass.layout, prefix, nullptr, true, mix));
     } else {
       KEV_TRY(gdn_layer(il, L, a, pass.layout, prefix, nullptr, mix));
     }
-    KEV_TRY(run(OpKind::Add, {x, mix, x}, [&] { return backend_->add(x, mix, x); }));
+    KEV_TRY(run(OpKind::AddRmsNorm, {x, mix, L.post_norm, a},
+                [&] { return backend_->add_rms_norm(x, mix, L.post_norm, eps, a); }));
     arena_.rewind(mark);
-    KEV_TRY(mlp(L, x));
+    KEV_TRY(mlp(L, x, a, weights_.layers[il + 1].input_norm));
   }
 
   // Last layer: the mixer runs on every token (later tokens of a row depend on earlier ones), but the
   // MLP, the final norm and the head only on the readout rows: the M option closes, then R decides.
+  // The mixer's residual add stays a plain add: its sum is gathered, not normed, on all n rows.
   const LayerWeights& last = weights_.layers.back();
   {
-    KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, c.n_embd}));
     KEV_ASSIGN_OR_RETURN(Tensor mix, arena_.alloc(DType::F32, {n, c.n_embd}));
-    KEV_TRY(run(OpKind::RmsNorm, {x, last.input_norm, a}, [&] { return backend_->rms_norm(x, last.input_norm, eps, a); }));
     if (last.type == LayerType::FullAttention) {
       KEV_TRY(attention_layer(n_layers - 1, last, a, pass.layout, prefix, nullptr, true, mix));
     } else {
@@ -383,10 +391,10 @@ Result<std::vector<float>> ModelRunner::score(const PrefixState& prefix, const S
   KEV_TRY(backend_->upload(idx, readout.data(), readout.size() * sizeof(int32_t)));
   KEV_ASSIGN_OR_RETURN(Tensor xr, arena_.alloc(DType::F32, {m, c.n_embd}));
   KEV_TRY(run(OpKind::GatherRows, {x, idx, xr}, [&] { return backend_->gather_rows(x, idx, xr); }));
-  KEV_TRY(mlp(last, xr));
+  // h: N_post(xr) for the MLP, which leaves the final-normed hidden state N_final(xr) in it.
   KEV_ASSIGN_OR_RETURN(Tensor h, arena_.alloc(DType::F32, {m, c.n_embd}));
-  KEV_TRY(run(OpKind::RmsNorm, {xr, weights_.final_norm, h},
-              [&] { return backend_->rms_norm(xr, weights_.final_norm, eps, h); }));
+  KEV_TRY(run(OpKind::RmsNorm, {xr, last.post_norm, h}, [&] { return backend_->rms_norm(xr, last.post_norm, eps, h); }));
+  KEV_TRY(mlp(last, xr, h, weights_.final_norm));
 
   // Pointer head: u = W_q h_D + b_q, κ_j = W_k h_j + b_k, z_j = (κ_j·u) / sqrt(P) / T.
   const HeadWeights& hw = weights_.head;

@@ -98,7 +98,8 @@ class ModelRunner {
                          const PrefixState& prefix, PrefixState* out_prefix, bool need_output, const Tensor& mix);
   Status gdn_layer(size_t il, const LayerWeights& L, const Tensor& x, const SeqLayout& layout,
                    const PrefixState& prefix, PrefixState* out_prefix, const Tensor& mix);
-  Status mlp(const LayerWeights& L, const Tensor& x);  // x += MLP(N_post(x)), in place
+  // x += MLP(a) in place for a = N_post(x); then a = N(x) with `next_norm`'s gain (add_rms_norm).
+  Status mlp(const LayerWeights& L, const Tensor& x, const Tensor& a, const Tensor& next_norm);
   Result<PrefixState> alloc_prefix(int64_t n_tokens);
 
   std::shared_ptr<Backend> backend_;

@@ -100,6 +100,30 @@ TEST_F(BadOperands, TensorsOutsideTheirBufferOrStrided) {
                  [&](Backend& be) { return be.add(x.t.slice(0, 0, 3), x.t.slice(0, 0, 3), x.t.slice(0, 1, 3)); });
 }
 
+TEST_F(BadOperands, AddRmsNorm) {
+  Backend& b = fast();
+  DeviceTensor x = make_f32(b, {4, 8}), y = make_f32(b, {4, 8}), w = make_f32(b, {8}), out = make_f32(b, {4, 8});
+  DeviceTensor y_short = make_f32(b, {3, 8});
+  expect_refused("add_rms_norm", ErrorCode::InvalidRequest, "y is f32[3,8]",
+                 [&](Backend& be) { return be.add_rms_norm(x.t, y_short.t, w.t, 1e-6f, out.t); });
+  expect_refused("add_rms_norm", ErrorCode::InvalidRequest, "w is f32[7], expected [8] ([d])",
+                 [&](Backend& be) { return be.add_rms_norm(x.t, y.t, w.t.slice(0, 0, 7), 1e-6f, out.t); });
+  Tensor y_bf16 = y.t;
+  y_bf16.dtype = DType::BF16;
+  expect_refused("add_rms_norm", ErrorCode::Unsupported, "takes f32",
+                 [&](Backend& be) { return be.add_rms_norm(x.t, y_bf16, w.t, 1e-6f, out.t); });
+  // x is rewritten, so out may not be x (the residual would be lost) and y may not be x.
+  expect_refused("add_rms_norm", ErrorCode::InvalidRequest, "output out (bytes [0,128)) overlaps input x",
+                 [&](Backend& be) { return be.add_rms_norm(x.t, y.t, w.t, 1e-6f, x.t); });
+  expect_refused("add_rms_norm", ErrorCode::InvalidRequest, "output x (bytes [0,128)) overlaps input y",
+                 [&](Backend& be) { return be.add_rms_norm(x.t, x.t, w.t, 1e-6f, out.t); });
+  expect_refused("add_rms_norm", ErrorCode::InvalidRequest, "output out (bytes [0,128)) overlaps input y",
+                 [&](Backend& be) { return be.add_rms_norm(x.t, y.t, w.t, 1e-6f, y.t); });
+  EXPECT_FALSE(b.supports(OpDesc{OpKind::AddRmsNorm, {x.t, y_short.t, w.t, out.t}}));
+  EXPECT_FALSE(b.supports(OpDesc{OpKind::AddRmsNorm, {x.t, y.t, out.t}}));  // wrong operand count
+  EXPECT_TRUE(b.supports(OpDesc{OpKind::AddRmsNorm, {x.t, y.t, w.t, out.t}}));
+}
+
 TEST_F(BadOperands, GatedDeltaRule) {
   Backend& b = fast();
   const int32_t n = 6;

@@ -158,7 +158,21 @@ const std::vector<OpCase>& cuda_extra_cases() {
     c.push_back(gdn_case(k08b, {1, 63, 64, 65, 130, 200}, true, false));
     c.push_back(gdn_case(kTiny, {1, 63, 64, 65, 130, 200}, false, false));
     c.push_back(gdn_case(k4b, {130}, true, true, true));
+    // Every sequence within one chunk: the kernel variant without the chunk-ahead fetch.
+    c.push_back(gdn_case(k4b, {37, 37, 37, 37, 36, 36}, true, false));
+    c.push_back(gdn_case(k08b, {20, 64, 1, 33}, true, false));
     c.push_back(gdn_case(kTiny, {200}, true, true, true));
+    // The conv kernels' other paths: one channel per thread (C % 4 != 0; an odd row stride), K other
+    // than 4, sequences of every length around K and an empty one packed together; passes of 1,024
+    // tokens or more (the 16-token-run kernel, runs crossing sequence boundaries).
+    c.push_back(optest::conv_case(258, 4, {5, 0, 30, 1}, true, false, 0));
+    c.push_back(optest::conv_case(256, 4, {17, 2, 15}, true, false, 3));
+    c.push_back(optest::conv_case(64, 6, {3, 20}, true, false, 0));
+    c.push_back(optest::conv_case(64, 6, {40}, false, true, 0));
+    c.push_back(optest::conv_case(8192, 4, {1100}, false, true, 0));
+    c.push_back(optest::conv_case(1030, 4, {500, 0, 2, 700, 17}, true, false, 0));
+    c.push_back(optest::conv_case(512, 4, {1, 1023, 40}, true, false, 96));
+    c.push_back(optest::conv_case(64, 6, {1030}, true, true, 0));
     const AttnShape a08{8, 2, 256}, a4b{16, 4, 256}, a64{8, 2, 64};
     c.push_back(attention_case(a08, 0, {70}));
     c.push_back(attention_case(a08, 1, {5}));
@@ -512,10 +526,11 @@ TEST(CudaGraphs, GatedDeltaRuleAndAttentionReplay) {
 }
 
 // Timing of the attention kernel at Kev's passes: the 4b model (H = 16, Hkv = 4, hd = 256) over its
-// 2,187-token causal prefill and an evaluation of 5 rows x 40 tokens over that prefix; the 0.8b model
-// (H = 8, Hkv = 2) over a 250-token prefill and 6 rows x 37 over it. Each sample records 20 attention
-// ops into one pass (graphs on, as the forward) and synchronizes; the median sample per op is printed
-// with the rate at 4·H·hd FLOPs per visible (query, key) pair. Not a benchmark protocol. Run with
+// 2,187-token causal prefill, evaluations of 5 rows x 40 and 5 x 39 tokens (the long cached
+// evaluation's 195 row tokens) over that prefix and 6 rows x 37 over a 250-token prefix (the short
+// evaluation); the 0.8b model (H = 8, Hkv = 2) over a 250-token prefill and 6 rows x 37 over it. Each
+// sample records 20 attention ops into one pass (graphs on, as the forward) and synchronizes; the
+// median sample per op is printed with the rate at 4·H·hd FLOPs per visible (query, key) pair. Not a benchmark protocol. Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='CudaAttention.DISABLED_Timing'
 TEST(CudaAttention, DISABLED_Timing) {
   KEV_CUDA_OR_SKIP(gpu, true);
@@ -527,7 +542,8 @@ TEST(CudaAttention, DISABLED_Timing) {
   const int64_t hd = 256;
   constexpr int kOpsPerSample = 20;
   for (const Pass& s :
-       {Pass{16, 4, 0, 1, 2187}, Pass{16, 4, 2187, 5, 40}, Pass{8, 2, 0, 1, 250}, Pass{8, 2, 250, 6, 37}}) {
+       {Pass{16, 4, 0, 1, 2187}, Pass{16, 4, 2187, 5, 40}, Pass{16, 4, 2187, 5, 39}, Pass{16, 4, 250, 6, 37},
+        Pass{8, 2, 0, 1, 250}, Pass{8, 2, 250, 6, 37}}) {
     const int64_t n = s.rows * s.len, H = s.H, Hkv = s.Hkv, Lp = std::max<int64_t>(s.Ls, 1);
     SeqLayout layout;
     for (int64_t r = 0; r < s.rows; ++r) layout.offsets.push_back(static_cast<int32_t>((r + 1) * s.len));

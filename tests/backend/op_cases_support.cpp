@@ -71,6 +71,28 @@ void add_norms(std::vector<OpCase>& cases) {
   rms("q_norm,n=16,H=8,hd=256,view_of_512", {16, 8, 256}, 256, false);
   rms("in_place,n=5,H=2,hd=256", {5, 2, 256}, 0, true);
 
+  // The residual add fused with the next norm: x (updated in place) and its normed copy. Views with a
+  // float4-aligned row stride keep the CUDA wide-row kernel; pads of 1 and 3 force its scalar path.
+  auto add_rms = [&](std::string params, std::vector<int64_t> shape, int64_t x_pad, int64_t y_pad, int64_t out_pad) {
+    const int64_t d = shape.back();
+    ArgSpec x = padded(in("x", shape, normal(0.3, 2.0)), 0, x_pad);
+    x.role = Role::InOut;
+    OpCase c{OpKind::AddRmsNorm,
+             std::move(params),
+             {x, padded(in("y", shape, normal(0, 1.0)), y_pad, 0), in("w", {d}, normal(0, 0.1)),
+              padded(out("out", shape), 0, out_pad)},
+             kTolReduction,
+             [=](Backend& b, const std::vector<Tensor>& t) { return b.add_rms_norm(t[0], t[1], t[2], eps, t[3]); }};
+    cases.push_back(c);
+  };
+  add_rms("residual_0.8b,n=64,d=1024", {64, 1024}, 0, 0, 0);
+  add_rms("residual_4b,n=7,d=2560", {7, 2560}, 0, 0, 0);
+  add_rms("views,n=5,d=2560", {5, 2560}, 8, 4, 4);
+  add_rms("unaligned_views,n=6,d=1024", {6, 1024}, 1, 3, 0);
+  add_rms("rank3,n=11,H=2,d=256", {11, 2, 256}, 0, 0, 0);
+  add_rms("wide,n=3,d=4100", {3, 4100}, 0, 0, 0);
+  add_rms("odd,n=4,d=33", {4, 33}, 0, 0, 0);
+
   auto l2 = [&](std::string params, std::vector<int64_t> shape, int64_t front, int64_t back, float scale) {
     OpCase c{OpKind::L2Norm,
              std::move(params),
@@ -145,22 +167,7 @@ void add_conv(std::vector<OpCase>& cases) {
       {8192, {5, 40}, true, false, 0},        // 4B channels
       {128, {0, 4, 9}, false, false, 0},      // an empty sequence in the pack
   };
-  for (const C& cc : table) {
-    int64_t n = 0;
-    for (int64_t s : cc.seqs) n += s;
-    const SeqLayout layout = layout_of(cc.seqs, 0, cc.prefix);
-    OpCase c{OpKind::CausalConv1dSilu,
-             "C=" + std::to_string(cc.C) + ",K=4,seqs=" + lengths_str(cc.seqs) + (cc.prefix ? ",prefix" : ",fresh") +
-                 (cc.state_out ? ",state_out" : "") + (cc.x_pad ? ",x_view" : ""),
-             {padded(in("x", {n, cc.C}, normal(0, 1.5)), 0, cc.x_pad), in("w", {cc.C, 4}, normal(0, 0.5)),
-              cc.prefix ? in("state_in", {cc.C, 4}, normal(0, 1.5)) : absent("state_in"), out("out", {n, cc.C}),
-              cc.state_out ? out("state_out", {cc.C, 4}) : absent("state_out")},
-             kTolReduction,
-             [=](Backend& b, const std::vector<Tensor>& t) {
-               return b.causal_conv1d_silu(t[0], t[1], t[2], layout, t[3], t[4]);
-             }};
-    cases.push_back(c);
-  }
+  for (const C& cc : table) cases.push_back(conv_case(cc.C, 4, cc.seqs, cc.prefix, cc.state_out, cc.x_pad));
 }
 
 // ---- gated delta rule ---------------------------------------------------------------------------
@@ -344,6 +351,22 @@ void add_elementwise(std::vector<OpCase>& cases) {
 }
 
 }  // namespace
+
+OpCase conv_case(int64_t C, int64_t K, const std::vector<int64_t>& seqs, bool prefix, bool state_out, int64_t x_pad) {
+  int64_t n = 0;
+  for (int64_t s : seqs) n += s;
+  const SeqLayout layout = layout_of(seqs, 0, prefix);
+  return OpCase{OpKind::CausalConv1dSilu,
+                "C=" + std::to_string(C) + ",K=" + std::to_string(K) + ",seqs=" + lengths_str(seqs) +
+                    (prefix ? ",prefix" : ",fresh") + (state_out ? ",state_out" : "") + (x_pad ? ",x_view" : ""),
+                {padded(in("x", {n, C}, normal(0, 1.5)), 0, x_pad), in("w", {C, K}, normal(0, 0.5)),
+                 prefix ? in("state_in", {C, K}, normal(0, 1.5)) : absent("state_in"), out("out", {n, C}),
+                 state_out ? out("state_out", {C, K}) : absent("state_out")},
+                kTolReduction,
+                [=](Backend& b, const std::vector<Tensor>& t) {
+                  return b.causal_conv1d_silu(t[0], t[1], t[2], layout, t[3], t[4]);
+                }};
+}
 
 const std::vector<OpCase>& all_op_cases() {
   static const std::vector<OpCase> cases = [] {

@@ -100,6 +100,9 @@ ArgSpec padded(ArgSpec a, int64_t front, int64_t back);
 SeqLayout layout_of(const std::vector<int64_t>& lengths, int64_t pos0, bool from_prefix);
 std::string lengths_str(const std::vector<int64_t>& lengths);  // "1+7+64"
 
+// A causal_conv1d_silu case: x [Σ seqs, C] (a view when x_pad > 0), w [C, K], state_in when `prefix`.
+OpCase conv_case(int64_t C, int64_t K, const std::vector<int64_t>& seqs, bool prefix, bool state_out, int64_t x_pad);
+
 // Every case of the op tables (op_cases_support.cpp).
 const std::vector<OpCase>& all_op_cases();
 

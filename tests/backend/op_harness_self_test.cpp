@@ -25,6 +25,9 @@ class Saboteur final : public Backend {
   Status rms_norm(const Tensor& a, const Tensor& b, float e, const Tensor& c) override {
     return inner_->rms_norm(a, b, e, c);
   }
+  Status add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& c, float e, const Tensor& d) override {
+    return inner_->add_rms_norm(a, b, c, e, d);
+  }
   Status matmul(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) override {
     return inner_->matmul(a, b, c, d);
   }

@@ -1,4 +1,5 @@
-// Performance sanity for the CPU kernels (disabled by default; not a benchmark protocol). Run with
+// Performance sanity for the CPU kernels and the CUDA gated delta rule (disabled by default; not a
+// benchmark protocol). Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='*Perf*'
 // Each measurement warms up once, then repeats until 1 s has passed (at least 3 runs). It prints the
 // median and fastest wall time with all cores, and the process CPU time per run with one thread:
@@ -14,6 +15,7 @@
 #include <random>
 
 #include "backend/test_tensors.h"
+#include "common/check.h"
 
 namespace kev {
 namespace {
@@ -100,6 +102,56 @@ TEST(DISABLED_Perf, GatedDeltaRuleT256Hv16) {
     s1 = make_f32(b, {H, d, d});
     return [&] { return b.gated_delta_rule(q.t, k.t, v.t, gt.t, bt.t, s0.t, layout, out.t, s1.t); };
   });
+}
+
+// CUDA timing of the gated delta rule at the 4B shapes (Hk = 16, Hv = 32, dk = dv = 128), from a
+// state. The backend records ops and runs them at synchronize(), so one timed run enqueues `reps`
+// calls and waits once: the per-call time is GPU time plus the (graph-replayed) launch cost, without
+// the host round trip. Skips when no CUDA device can be opened.
+void time_cuda_gdn(const std::string& label, const std::vector<int64_t>& lens, bool with_state_out) {
+  auto r = create_backend("cuda", BackendOptions{});
+  if (!r.ok()) GTEST_SKIP() << "no CUDA backend: " << r.status().to_string();
+  Backend& b = *r.value();
+  const int64_t Hk = 16, Hv = 32, d = 128, reps = 20;
+  int64_t T = 0;
+  SeqLayout layout;
+  layout.offsets = {0};
+  for (int64_t len : lens) layout.offsets.push_back(static_cast<int32_t>(T += len));
+  layout.from_prefix = true;
+  std::vector<float> g(T * Hv), beta(T * Hv);
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (int64_t i = 0; i < T * Hv; ++i) {
+    g[i] = -0.05f - u(rng);
+    beta[i] = u(rng);
+  }
+  const DeviceTensor q = make_f32(b, {T, Hk, d}, randn(T * Hk * d, 1.0f / std::sqrt(128.0f), 12));
+  const DeviceTensor k = make_f32(b, {T, Hk, d}, randn(T * Hk * d, 1.0f / std::sqrt(128.0f), 13));
+  const DeviceTensor v = make_f32(b, {T, Hv, d}, randn(T * Hv * d, 1, 14));
+  const DeviceTensor gt = make_f32(b, {T, Hv}, g), bt = make_f32(b, {T, Hv}, beta);
+  const DeviceTensor s0 = make_f32(b, {Hv, d, d}, randn(Hv * d * d, 0.3f, 15));
+  const DeviceTensor out = make_f32(b, {T, Hv, d}), s1 = make_f32(b, {Hv, d, d});
+  const Tensor state_out = with_state_out ? s1.t : Tensor{};
+  const Timing t = time_op([&]() -> Status {
+    for (int64_t i = 0; i < reps; ++i) {
+      KEV_TRY(b.gated_delta_rule(q.t, k.t, v.t, gt.t, bt.t, s0.t, layout, out.t, state_out));
+    }
+    return b.synchronize();
+  });
+  std::cout << label << ": " << 1000.0 * t.median_ms / reps << " us per call median, " << 1000.0 * t.min_ms / reps
+            << " us min  (" << b.info().device << ")\n";
+}
+
+TEST(DISABLED_Perf, GatedDeltaRuleCuda4bT2187) {
+  time_cuda_gdn("cuda gated_delta_rule 4b, 1 x 2187 tokens from a state, with state_out", {2187}, true);
+}
+
+TEST(DISABLED_Perf, GatedDeltaRuleCuda4bT250) {
+  time_cuda_gdn("cuda gated_delta_rule 4b, 1 x 250 tokens from a state, with state_out", {250}, true);
+}
+
+TEST(DISABLED_Perf, GatedDeltaRuleCuda4bRows6x37) {
+  time_cuda_gdn("cuda gated_delta_rule 4b, 6 rows x 37 tokens from one state", {37, 37, 37, 37, 36, 36}, false);
 }
 
 // Question rows over a state prefix: `rows` sequences of `len` tokens, 0.8B heads 8/2/256.

@@ -70,6 +70,11 @@ TEST(OpAudit, CountsEqualARealRunOfTheForward) {
   std::set<std::string> passes;
   for (const AuditedOp& o : audit->ops) passes.insert(o.pass);
   EXPECT_EQ(passes, (std::set<std::string>{"prefill", "score"}));
+  // Each residual add is fused with the norm after it (2 per layer but the last, in both passes, plus
+  // the score pass's last MLP with the final norm); only the score pass's last mixer add stays plain.
+  const int64_t L = ck->config.n_layers;
+  EXPECT_EQ(audited[static_cast<size_t>(OpKind::AddRmsNorm)], 4 * L - 3);
+  EXPECT_EQ(audited[static_cast<size_t>(OpKind::Add)], 1);
 }
 
 TEST(OpAudit, ListsOperandShapesOfTheConfiguration) {

@@ -112,6 +112,9 @@ class CpuBackend final : public Backend {
   Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
     return guarded("rms_norm", [&] { return cpu::rms_norm(exec(), x, w, eps, out); });
   }
+  Status add_rms_norm(const Tensor& x, const Tensor& y, const Tensor& w, float eps, const Tensor& out) override {
+    return guarded("add_rms_norm", [&] { return cpu::add_rms_norm(exec(), x, y, w, eps, out); });
+  }
   Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override {
     return guarded("matmul", [&] { return cpu::matmul(exec(), x, w, bias, out); });
   }
@@ -185,6 +188,7 @@ bool cpu::check_op_desc(const OpCheck& c, const OpDesc& desc) {
   switch (desc.op) {
     case OpKind::Embedding: return arity(3) && check_embedding(c, t[0], t[1], t[2]).ok();
     case OpKind::RmsNorm: return arity(3) && check_rms_norm(c, t[0], t[1], t[2]).ok();
+    case OpKind::AddRmsNorm: return arity(4) && check_add_rms_norm(c, t[0], t[1], t[2], t[3]).ok();
     case OpKind::Matmul: return arity(4) && check_matmul(c, t[0], t[1], t[2], t[3]).ok();
     case OpKind::CausalConv1dSilu:
       return arity(5) && check_causal_conv1d_silu(c, t[0], t[1], t[2], t[3], t[4]).ok();

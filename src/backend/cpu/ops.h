@@ -36,6 +36,8 @@ Status gather_rows(const Exec& e, const Tensor& x, const Tensor& idx, const Tens
 // norms.cpp
 Status check_rms_norm(const OpCheck& c, const Tensor& x, const Tensor& w, const Tensor& out);
 Status rms_norm(const Exec& e, const Tensor& x, const Tensor& w, float eps, const Tensor& out);
+Status check_add_rms_norm(const OpCheck& c, const Tensor& x, const Tensor& y, const Tensor& w, const Tensor& out);
+Status add_rms_norm(const Exec& e, const Tensor& x, const Tensor& y, const Tensor& w, float eps, const Tensor& out);
 Status check_l2_norm(const OpCheck& c, const Tensor& x, const Tensor& out);
 Status l2_norm(const Exec& e, const Tensor& x, float eps, float scale, const Tensor& out);
 Status check_rms_norm_gated(const OpCheck& c, const Tensor& o, const Tensor& z, const Tensor& w, const Tensor& out);

@@ -11,13 +11,18 @@
 // Products (S = Q·Kᵀ, O += P·V) run as 3xTF32 on mma.sync.m16n8k8: each FP32 operand is split into
 // a = a_hi + a_lo with a_hi = a rounded to TF32 (nearest, ties away: integer add and mask), a_lo =
 // a − a_hi exactly (FP32 subtraction of two numbers within a factor 2), then truncated to TF32; the
-// tensor cores accumulate a_hi·b_hi and, in a second accumulator, a_lo·b_hi + a_hi·b_lo in FP32. The
+// tensor cores accumulate a_hi·b_hi and, in two more accumulators, a_lo·b_hi and a_hi·b_lo in FP32
+// (so consecutive mma instructions do not wait for each other). The
 // dropped a_lo·b_lo term and the truncation of a_lo leave a relative error near 2^-21 per product,
 // the order of FP32's own rounding; plain TF32 (2^-11) would not hold the end-to-end tolerance. The
 // tensor cores' accumulation truncates, so no accumulator runs long: scores sum 64 dimensions from
 // zero, P·V's main products 8 keys and its cross terms (2^-11 of the sum) the tile's 32 keys, and
 // those partial sums are added in FP32 (round to nearest). Operands are split as fragments are read
-// from shared memory (FP32 there; four integer / FP32 instructions per element).
+// from shared memory (FP32 there; four integer / FP32 instructions per element); a warp's P fragments
+// are split once per key tile and stay in registers over the V chunks. Splitting everything once
+// instead (Q at load, K/V as a chunk lands, p in the softmax; (hi, lo) pairs in sm_90's larger shared
+// memory) timed slower on the H200 (2,187-token prefill 1.81 ms against 1.33): the fragment reads
+// carry twice the bytes, and shared-memory traffic costs more here than the split instructions.
 //
 // Layout. q, out [n, H, hd] with token / head strides; k, v [n, Hkv, hd] with token / head strides;
 // prefix_k, prefix_v [prefix_len, Hkv, hd] contiguous. All strides in elements.
@@ -29,15 +34,18 @@
 // rows start first. Key splits (flash-decoding): Kev's passes have few query tiles (250 tokens,
 // Hkv = 2: 32 blocks on a 132-SM GPU), so when ceil(n_tokens / T)·Hkv is under two blocks per SM the
 // block's key tiles are split evenly over S = attention_split_count() blocks (blockIdx.z; the backend
-// stores S in the args when it records the op). Each then writes its rows' unnormalised output and
-// running (max, sum) to the workspace, and a combine kernel (one 64-thread block per (token, head))
-// merges them: m = max_s m_s, out = Σ_s e^{m_s−m} O_s / Σ_s e^{m_s−m} l_s. A split that saw no visible
-// key for a row contributes m_s = −inf, l_s = 0, O_s = 0. S depends only on n_tokens, H, Hkv,
-// prefix_len and the device's SM count; the workspace holds S·n_tokens·H·(hd + 2) floats when S > 1
-// (none at S = 1, where the block writes the normalised output itself). A tile may span sequences:
-// each row finds its sequence start in `offsets` (seq_start) and the block walks the own-key range
-// [start of its first token's sequence, its last token], masking key s for row (t, b_t) unless
-// b_t <= s <= t. Prefix keys are visible to every valid row.
+// stores S in the args when it records the op): the S ≤ 16 (at least two key tiles a split) that
+// minimises waves × (key tiles per split + 1 for the Q load), waves counted at the blocks per SM the
+// kernel is compiled for, key tiles those of the longest possible query tile. Each split then writes
+// its rows' unnormalised output and running (max, sum) to the workspace, and a combine kernel (one
+// 64-thread block per (token, head)) merges them: m = max_s m_s, out = Σ_s e^{m_s−m} O_s /
+// Σ_s e^{m_s−m} l_s. A split that saw no visible key for a row contributes m_s = −inf, l_s = 0,
+// O_s = 0. S depends only on n_tokens, H, Hkv, hd, prefix_len and the device's SM count; the
+// workspace holds S·n_tokens·H·(hd + 2) floats when S > 1 (none at S = 1, where the block writes the
+// normalised output itself). A tile may span sequences: each row finds its sequence start in
+// `offsets` (seq_start) and the block walks the own-key range [start of its first token's sequence,
+// its last token], masking key s for row (t, b_t) unless b_t <= s <= t. Prefix keys are visible to
+// every valid row.
 // A key tile (32 keys) arrives as 2·hd/64 chunks of 32 keys × 64 columns: K's column blocks, then
 // V's. Chunks stream through two shared buffers with cp.async (16-byte copies when aligned, 4-byte
 // otherwise; rows past the tile's end zero-filled): chunk i+1, of this tile or the next, is copied
@@ -46,12 +54,13 @@
 //   tiles); after the last one the scaled scores go to P, then masking and the online-softmax update
 //   (thread: 2 rows × 4 keys, row max / sum over 8 lanes) write p and the rows' rescale factors.
 //   V chunk: O[:, its 64 columns] = diag(α)·O + P·V (warp w: rows 16·(w%4).., 32 of the columns, in
-//   registers in the m16n8 accumulator layout).
+//   registers in the m16n8 accumulator layout; P's fragments are read and split at the tile's first
+//   V chunk only).
 // K chunk rows are padded to 64 + 4 floats and V rows to 64 + 8 so that the fragment reads (K:
 // key-major, V: key-minor) hit 32 distinct banks. Shared memory at hd = 256: Q 64×260 + 2 chunks of
 // 32×72 + P 64×36 floats + row data = 93 KiB (61 at hd 128, 45 at 64), under the 99 KiB per-block
-// limit of sm_86/sm_89. Registers: hd 256 is compiled for one block per SM (up to 255 registers, no
-// spills), hd 64 and 128 for two (128 registers; hd 128 spills a little). The grid never depends on
+// limit of sm_86/sm_89. Registers: hd 256 is compiled for one block per SM (up to 255 registers; 238,
+// no spills), hd 64 and 128 for two (128 registers; hd 128 spills a little). The grid never depends on
 // the offsets' values.
 // Preconditions (attention_supported): hd ∈ {64, 128, 256}, Hkv >= 1 divides H, G = H/Hkv <= 64,
 // Hkv <= 65535; sm_80 or newer (TF32 mma, cp.async). Global loads and stores use 16-byte copies
@@ -156,15 +165,15 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The 3xTF32 product: a_hi·b_hi into `big`, the cross terms into `small`. The tensor cores' FP32
-// accumulation truncates; keeping the cross terms (2^-11 of the total) apart takes them out of the
-// large accumulator's rounding, and callers keep each accumulator short (see kCols) and add the
-// two in FP32.
-__device__ __forceinline__ void mma_3xtf32(float (&big)[4], float (&small)[4], const uint32_t (&a_hi)[4],
-                                           const uint32_t (&a_lo)[4], const uint32_t (&b_hi)[2],
-                                           const uint32_t (&b_lo)[2]) {
-  mma_tf32(small, a_lo, b_hi);
-  mma_tf32(small, a_hi, b_lo);
+// The 3xTF32 product: a_hi·b_hi into `big`, the cross terms into `lo_hi` and `hi_lo`. The tensor
+// cores' FP32 accumulation truncates; keeping the cross terms (2^-11 of the total) apart takes them
+// out of the large accumulator's rounding, and callers keep each accumulator short (see kCols) and
+// add them in FP32. One accumulator per term keeps consecutive mma instructions independent.
+__device__ __forceinline__ void mma_3xtf32(float (&big)[4], float (&lo_hi)[4], float (&hi_lo)[4],
+                                           const uint32_t (&a_hi)[4], const uint32_t (&a_lo)[4],
+                                           const uint32_t (&b_hi)[2], const uint32_t (&b_lo)[2]) {
+  mma_tf32(lo_hi, a_lo, b_hi);
+  mma_tf32(hi_lo, a_hi, b_lo);
   mma_tf32(big, a_hi, b_hi);
 }
 
@@ -243,16 +252,18 @@ __device__ __forceinline__ void stage_chunk(const AttentionArgs& a, int kvh, con
 // Resident blocks per SM the kernel is compiled for. At hd 256 the 64 output accumulators per thread
 // spill under the 128-register cap of two blocks; one block with up to 255 registers measured faster
 // on the H200 (docs/backends.md).
-template <int HD>
-constexpr int kMinBlocks = HD > 128 ? 1 : 2;
+constexpr int blocks_per_sm(int hd) { return hd > 128 ? 1 : 2; }
 
 template <int HD>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
+__global__ void __launch_bounds__(kThreads, blocks_per_sm(HD))
     attention_kernel(AttentionArgs a, int tokens_per_tile, bool vec, float* part_o, float2* part_ml) {
   using Lay = AttnLayout<HD>;
   constexpr int LDQ = Lay::kLdQ, LDK = Lay::kLdK, LDV = Lay::kLdV, LDP = Lay::kLdP;
   constexpr int NC = HD / kCols;   // column chunks of K and of V per key tile
   constexpr int NT = kCols / 16;   // m16n8 output tiles per warp per V chunk (half of its columns)
+  // The score loop's k-steps in flight: all 8 at hd 256 (registers to spare); 4 below, where the
+  // 128-register cap of two blocks per SM would spill more.
+  constexpr int kUnrollS = HD > 128 ? 8 : 4;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* base = reinterpret_cast<float*>(smem_raw);
   float* Qs = base + Lay::kQ;
@@ -306,6 +317,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
   for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
     const KeyTile tile = key_tile(kt, n_prefix_tiles, Ls, own_lo, own_hi);
     float sacc[2][4] = {};
+    // The warp's P fragments (its 16 rows × the tile's 32 keys), split at the first V chunk and kept
+    // for the others.
+    uint32_t p_hi[kKeys / 8][4], p_lo[kKeys / 8][4];
     // Chunk c sits in buffer c % 2 (2·NC chunks per tile, an even count, so the parity continues
     // into the next tile).
 #pragma unroll
@@ -322,9 +336,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
       const float* buf = KVs + (c % 2) * Lay::kChunk;
       if (c < NC) {
         // ---- S += Q·Kᵀ over this chunk's kCols dimensions, summed from zero by the tensor cores ----
-        float big[2][4] = {}, small[2][4] = {};
+        float big[2][4] = {}, lo_hi[2][4] = {}, hi_lo[2][4] = {};
         const float* qa = Qs + rb * LDQ + c * kCols;
-#pragma unroll 4
+#pragma unroll kUnrollS
         for (int k0 = 0; k0 < kCols; k0 += 8) {
           uint32_t a_hi[4], a_lo[4];
           load_a(qa + k0, LDQ, g, t4, a_hi, a_lo);
@@ -332,13 +346,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
           for (int j = 0; j < 2; ++j) {
             uint32_t b_hi[2], b_lo[2];
             load_b(buf + (kb + 8 * j + g) * LDK + k0 + t4, 4, b_hi, b_lo);
-            mma_3xtf32(big[j], small[j], a_hi, a_lo, b_hi, b_lo);
+            mma_3xtf32(big[j], lo_hi[j], hi_lo[j], a_hi, a_lo, b_hi, b_lo);
           }
         }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sacc[j][e] += big[j][e] + small[j][e];
+          for (int e = 0; e < 4; ++e) sacc[j][e] += big[j][e] + (lo_hi[j][e] + hi_lo[j][e]);
         }
         if (c == NC - 1) {
 #pragma unroll
@@ -397,18 +411,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
           o[cv][j][3] *= al1;
         }
         // The cross terms sum the tile's 32 keys from zero, the main products 8 keys at a time.
-        float small[NT][4] = {};
+        float lo_hi[NT][4] = {}, hi_lo[NT][4] = {};
 #pragma unroll
         for (int k0 = 0; k0 < kKeys; k0 += 8) {
-          // The warp's P fragment for 8 keys, split once and reused for every output tile.
-          uint32_t p_hi[4], p_lo[4];
-          load_a(Ps + rb * LDP + k0, LDP, g, t4, p_hi, p_lo);
+          if (cv == 0) load_a(Ps + rb * LDP + k0, LDP, g, t4, p_hi[k0 / 8], p_lo[k0 / 8]);
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
             uint32_t b_hi[2], b_lo[2];
             load_b(buf + (k0 + t4) * LDV + cb + 8 * j + g, 4 * LDV, b_hi, b_lo);
             float big[4] = {};
-            mma_3xtf32(big, small[j], p_hi, p_lo, b_hi, b_lo);
+            mma_3xtf32(big, lo_hi[j], hi_lo[j], p_hi[k0 / 8], p_lo[k0 / 8], b_hi, b_lo);
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[cv][j][e] += big[e];
           }
@@ -416,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<HD>)
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o[cv][j][e] += small[j][e];
+          for (int e = 0; e < 4; ++e) o[cv][j][e] += lo_hi[j][e] + hi_lo[j][e];
         }
       }
     }
@@ -511,8 +523,10 @@ int query_tiles(const AttentionArgs& a) {
 
 }  // namespace
 
-// Key splits per query tile: enough blocks for two per SM, but at least two key tiles per split
-// (each split reloads its Q tile) and at most kMaxSplits.
+// Key splits per query tile. None when the query tiles alone give two blocks per SM. Otherwise the S
+// that minimises the pass's time in units of a key tile: waves of resident blocks × (the longest
+// query tile's key tiles per split + 1, the split's Q load), among S = 1..16 with at least two key
+// tiles a split (each split reloads its Q tile); the largest such S on ties (shorter blocks).
 int attention_split_count(const AttentionArgs& a) {
   if (!attention_supported(a.H, a.Hkv, a.hd)) return 1;
   if (a.n_tokens <= 0) return 1;
@@ -522,13 +536,21 @@ int attention_split_count(const AttentionArgs& a) {
     cudaGetLastError();
     return 1;
   }
-  const int64_t base = static_cast<int64_t>(query_tiles(a)) * a.Hkv, target = 2 * static_cast<int64_t>(sms);
-  if (base >= target) return 1;
+  const int64_t base = static_cast<int64_t>(query_tiles(a)) * a.Hkv;
+  if (base >= 2 * static_cast<int64_t>(sms)) return 1;
+  const int64_t resident = static_cast<int64_t>(sms) * blocks_per_sm(a.hd);
   // The most key tiles any block can visit: all prefix tiles and, within the pass, up to n_tokens keys.
   const int64_t max_tiles = (a.prefix_len + kKeys - 1) / kKeys + (a.n_tokens + kKeys - 1) / kKeys + 1;
-  const int64_t by_grid = (target + base - 1) / base, by_keys = max_tiles / 2;
-  const int64_t splits = by_grid < by_keys ? by_grid : by_keys;
-  return static_cast<int>(splits < 1 ? 1 : splits > kMaxSplits ? kMaxSplits : splits);
+  const int64_t most = max_tiles / 2 < kMaxSplits ? max_tiles / 2 : kMaxSplits;
+  int64_t best = 1, best_cost = ((base + resident - 1) / resident) * (max_tiles + 1);
+  for (int64_t s = 2; s <= most; ++s) {
+    const int64_t cost = ((base * s + resident - 1) / resident) * ((max_tiles + s - 1) / s + 1);
+    if (cost <= best_cost) {
+      best = s;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int>(best);
 }
 
 namespace {

@@ -30,7 +30,7 @@ struct AttentionArgs {
 };
 
 // The key splits for these shapes on the current device (1..16; see attention.cu). Depends only on
-// n_tokens, H, Hkv, prefix_len and the device's SM count.
+// n_tokens, H, Hkv, hd, prefix_len and the device's SM count.
 int attention_split_count(const AttentionArgs& a);
 
 // Scratch bytes (may be 0) for a.splits; depends only on shapes, n_tokens and a.splits.

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -165,6 +166,12 @@ struct Restage {
 
 // Rows of every operand of a row-wise op fit the grid.
 Status check_rows(const OpCheck& c, const Tensor& t) { return check_grid(c, "rows", cpu::n_rows(t)); }
+
+Status check_elementwise(const OpCheck& c, const Tensor& t) {
+  KEV_CHECK(t.numel() < cuda::kMaxElementwise, ErrorCode::Unsupported, c.op, ": ", t.describe(), " has ", t.numel(),
+            " elements; the CUDA element-wise kernels take fewer than ", cuda::kMaxElementwise);
+  return Status::success();
+}
 
 class CudaBackend final : public Backend {
  public:
@@ -336,6 +343,19 @@ class CudaBackend final : public Backend {
     return record_norm(kOp, a, x, Tensor{}, w, out, eps);
   }
 
+  Status add_rms_norm(const Tensor& x, const Tensor& y, const Tensor& w, float eps, const Tensor& out) override {
+    constexpr const char* kOp = "add_rms_norm";
+    KEV_TRY(ready(kOp));
+    KEV_TRY(cpu::check_add_rms_norm(bound(kOp), x, y, w, out));
+    cuda::NormArgs a;
+    a.kind = cuda::NormKind::AddRms;
+    a.w = f32p(w);
+    a.z = f32p(y);
+    a.z_rows = rows_of(y);
+    a.sum = f32p(x);
+    return record_norm(kOp, a, x, y, w, out, eps);
+  }
+
   Status l2_norm(const Tensor& x, float eps, float scale, const Tensor& out) override {
     constexpr const char* kOp = "l2_norm";
     KEV_TRY(ready(kOp));
@@ -425,6 +445,7 @@ class CudaBackend final : public Backend {
     KEV_TRY(ready(kOp));
     KEV_TRY(cpu::check_copy(bound(kOp), x, out));
     KEV_TRY(check_rows(bound(kOp), x));
+    KEV_TRY(check_elementwise(bound(kOp), x));
     CommandSig sig;
     sig_tensor(sig, x);
     sig_tensor(sig, out);
@@ -491,6 +512,7 @@ class CudaBackend final : public Backend {
     KEV_TRY(ready(op));
     KEV_TRY(cpu::check_binary(bound(op), x, y, out));
     KEV_TRY(check_rows(bound(op), x));
+    KEV_TRY(check_elementwise(bound(op), x));
     CommandSig sig;
     for (const Tensor* t : {&x, &y, &out}) sig_tensor(sig, *t);
     const float *xp = f32p(x), *yp = f32p(y);
@@ -748,6 +770,12 @@ Status CudaBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const Ten
   a.Hv = static_cast<int>(Hv);
   a.dk = static_cast<int>(dk);
   a.dv = static_cast<int>(dv);
+  int32_t longest = 0;
+  for (size_t r = 0; r + 1 < layout.offsets.size(); ++r) {
+    longest = std::max(longest, layout.offsets[r + 1] - layout.offsets[r]);
+  }
+  a.short_seqs = longest <= cuda::kGdnChunkTokens;
+  sig.word(a.short_seqs);
   // state_out may be the identical view of state_in (a state pass updating its snapshot in place);
   // the kernel then reads a copy, so it never depends on the order its blocks read and write.
   float* state_copy = nullptr;

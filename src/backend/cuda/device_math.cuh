@@ -26,18 +26,26 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ int64_t row_offset(const Rows& r, int64_t row) {
+// Index math in 32 bits: the backend refuses views with 2^31 or more rows (check_rows), and a 64-bit
+// division costs ~70 instructions, which dominated the short-row element-wise kernels.
+__device__ __forceinline__ int64_t row_offset(const Rows& r, int64_t row64) {
+  uint32_t row = static_cast<uint32_t>(row64);
   int64_t off = 0;
-  for (int i = r.n_outer - 1; i >= 0; --i) {
-    const int64_t idx = row % r.shape[i];
-    row /= r.shape[i];
-    off += idx * r.stride[i];
+  // Unrolled over the fixed three slots so the struct is indexed statically (a dynamic index would
+  // copy the kernel parameter to local memory).
+#pragma unroll
+  for (int i = 2; i >= 0; --i) {
+    if (i < r.n_outer) {
+      const uint32_t n = static_cast<uint32_t>(r.shape[i]), q = row / n;
+      off += static_cast<int64_t>(row - q * n) * r.stride[i];
+      row = q;
+    }
   }
   return off;
 }
 
-// Start of the sequence holding token t: the largest offsets[r] <= t with offsets[r+1] > t.
-__device__ __forceinline__ int32_t seq_start(const int32_t* offsets, int n_seqs, int64_t t) {
+// Index r of the sequence holding token t: offsets[r] <= t < offsets[r + 1] (empty sequences skipped).
+__device__ __forceinline__ int seq_index(const int32_t* offsets, int n_seqs, int64_t t) {
   int lo = 0, hi = n_seqs;  // invariant: offsets[lo] <= t < offsets[hi]
   while (hi - lo > 1) {
     const int mid = (lo + hi) >> 1;
@@ -47,7 +55,12 @@ __device__ __forceinline__ int32_t seq_start(const int32_t* offsets, int n_seqs,
       hi = mid;
     }
   }
-  return offsets[lo];
+  return lo;
+}
+
+// Start of the sequence holding token t.
+__device__ __forceinline__ int32_t seq_start(const int32_t* offsets, int n_seqs, int64_t t) {
+  return offsets[seq_index(offsets, n_seqs, t)];
 }
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }

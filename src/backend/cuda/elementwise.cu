@@ -13,14 +13,16 @@
 //   bias_rows:   out[i,:] += bias, or out[i,:] = bias (or 0) for a matmul with k = 0
 //
 // σ, SiLU and softplus are the overflow-free forms (device_math.cuh). FP32 throughout.
-// Launch: one 256-thread block per innermost row (grid.x = rows), threads striding over d; binary maps
-// use float4 when d, every row stride and every base pointer allow 16-byte access. gdn_gates: one
-// thread per (token, head), 256 per block. f32_to_bf16_rows: grid (n, min(ceil(k / (4·256)), 65535)),
-// a thread converting 4 consecutive values (float4 in, 8 bytes out) per step when x's rows are 16-byte
-// aligned and k % 4 == 0, else one value per step (grid.y from ceil(k / 256)). f32_to_f16_rows_scaled
-// and scale_bias_rows: one 256-thread block per row (the row's max needs the whole row; it is read
-// twice, the second time from L1/L2). An output may be the identical view of an input: each
-// element is read by the thread that writes it, before it writes it.
+// Launch: binary maps: one thread per float4 (when d, every row stride and every base pointer allow
+// 16-byte access; else per float) of the flattened [rows, d] space, 256 per block, grid.x =
+// ceil(rows·d / (4·256)). copy: one thread per element of the flattened [rows, d] space, 256 per
+// block. gdn_gates: one thread per (token, head), 256 per block. f32_to_bf16_rows: grid
+// (n, min(ceil(k / (4·256)), 65535)), a thread converting 4 consecutive values (float4 in, 8 bytes
+// out) per step when x's rows are 16-byte aligned and k % 4 == 0, else one value per step (grid.y
+// from ceil(k / 256)). f32_to_f16_rows_scaled and scale_bias_rows: one 256-thread block per row (the
+// row's max needs the whole row; it is read twice, the second time from L1/L2), the conversion with
+// float4 loads and 8-byte stores under f32_to_bf16_rows' conditions. An output may be the identical
+// view of an input: each element is read by the thread that writes it, before it writes it.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -42,6 +44,31 @@ bool rows_vec4(const Rows& r) {
   return true;
 }
 
+// float4 or float access for the F16 conversion's vector and scalar paths.
+template <int V>
+struct VecOfT {
+  using type = float;
+};
+template <>
+struct VecOfT<4> {
+  using type = float4;
+};
+template <int V>
+using VecOf = typename VecOfT<V>::type;
+
+__device__ __forceinline__ float abs_max(float v) { return fabsf(v); }
+__device__ __forceinline__ float abs_max(const float4& v) {
+  return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+__device__ __forceinline__ void store_f16(__half* d, float v, float s) { *d = __float2half_rn(v * s); }
+__device__ __forceinline__ void store_f16(__half* d, const float4& v, float s) {
+  const __half2 lo = __floats2half2_rn(v.x * s, v.y * s), hi = __floats2half2_rn(v.z * s, v.w * s);
+  uint2 bits;
+  bits.x = *reinterpret_cast<const uint32_t*>(&lo);
+  bits.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(d) = bits;
+}
+
 template <BinaryKind kKind>
 __device__ __forceinline__ float binary_op(float x, float y) {
   if constexpr (kKind == BinaryKind::SigmoidMul) {
@@ -53,33 +80,36 @@ __device__ __forceinline__ float binary_op(float x, float y) {
   }
 }
 
-template <BinaryKind kKind, bool kVec4>
-__global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, float* out, Rows outr, int64_t d) {
-  const int64_t row = blockIdx.x;
-  const float* xp = x + row_offset(xr, row);
-  const float* yp = y + row_offset(yr, row);
-  float* op = out + row_offset(outr, row);
-  if constexpr (kVec4) {
-    const float4* x4 = reinterpret_cast<const float4*>(xp);
-    const float4* y4 = reinterpret_cast<const float4*>(yp);
-    float4* o4 = reinterpret_cast<float4*>(op);
-    for (int64_t j = threadIdx.x; j < d / 4; j += blockDim.x) {
-      const float4 a = x4[j], b = y4[j];
-      o4[j] = make_float4(binary_op<kKind>(a.x, b.x), binary_op<kKind>(a.y, b.y), binary_op<kKind>(a.z, b.z),
-                          binary_op<kKind>(a.w, b.w));
-    }
+// Thread i owns float V-group i of the flattened [rows, d / V] index space: a short row (the attention
+// gate's 256 floats) no longer idles most of a block, and the row lookup is one 32-bit division.
+template <BinaryKind kKind, int V>
+__global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, float* out, Rows outr, uint32_t dv,
+                              uint32_t total) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const uint32_t row = i / dv, col = (i - row * dv) * V;
+  const float* xp = x + row_offset(xr, row) + col;
+  const float* yp = y + row_offset(yr, row) + col;
+  float* op = out + row_offset(outr, row) + col;
+  if constexpr (V == 4) {
+    const float4 a = *reinterpret_cast<const float4*>(xp), b = *reinterpret_cast<const float4*>(yp);
+    *reinterpret_cast<float4*>(op) = make_float4(binary_op<kKind>(a.x, b.x), binary_op<kKind>(a.y, b.y),
+                                                 binary_op<kKind>(a.z, b.z), binary_op<kKind>(a.w, b.w));
   } else {
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) op[j] = binary_op<kKind>(xp[j], yp[j]);
+    *op = binary_op<kKind>(*xp, *yp);
   }
 }
 
 template <BinaryKind kKind>
-void launch_binary_kind(bool vec4, unsigned rows, const float* x, const Rows& xr, const float* y, const Rows& yr,
+void launch_binary_kind(bool vec4, int64_t rows, const float* x, const Rows& xr, const float* y, const Rows& yr,
                         float* out, const Rows& outr, int64_t d, cudaStream_t stream) {
+  const int V = vec4 ? 4 : 1;
+  const uint32_t total = static_cast<uint32_t>(rows * (d / V));  // < kMaxElementwise (launch_binary)
+  const unsigned grid = (total + kThreads - 1) / kThreads;
   if (vec4) {
-    binary_kernel<kKind, true><<<rows, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, d);
+    binary_kernel<kKind, 4><<<grid, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, static_cast<uint32_t>(d / 4), total);
   } else {
-    binary_kernel<kKind, false><<<rows, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, d);
+    binary_kernel<kKind, 1><<<grid, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, static_cast<uint32_t>(d), total);
   }
 }
 
@@ -96,19 +126,19 @@ __global__ void gdn_gates_kernel(const float* b, int64_t b_stride, const float* 
 }
 
 template <bool kInBf16, bool kOutBf16>
-__global__ void copy_kernel(const void* x, Rows xr, void* out, Rows outr, int64_t d) {
-  const int64_t row = blockIdx.x;
-  const int64_t xo = row_offset(xr, row), oo = row_offset(outr, row);
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    if constexpr (kInBf16 && kOutBf16) {
-      static_cast<uint16_t*>(out)[oo + j] = static_cast<const uint16_t*>(x)[xo + j];
-    } else if constexpr (kInBf16) {
-      static_cast<float*>(out)[oo + j] = bf16_bits_to_f32(static_cast<const uint16_t*>(x)[xo + j]);
-    } else if constexpr (kOutBf16) {
-      static_cast<uint16_t*>(out)[oo + j] = f32_to_bf16_bits(static_cast<const float*>(x)[xo + j]);
-    } else {
-      static_cast<float*>(out)[oo + j] = static_cast<const float*>(x)[xo + j];
-    }
+__global__ void copy_kernel(const void* x, Rows xr, void* out, Rows outr, uint32_t d, uint32_t total) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const uint32_t row = i / d, j = i - row * d;
+  const int64_t xo = row_offset(xr, row) + j, oo = row_offset(outr, row) + j;
+  if constexpr (kInBf16 && kOutBf16) {
+    static_cast<uint16_t*>(out)[oo] = static_cast<const uint16_t*>(x)[xo];
+  } else if constexpr (kInBf16) {
+    static_cast<float*>(out)[oo] = bf16_bits_to_f32(static_cast<const uint16_t*>(x)[xo]);
+  } else if constexpr (kOutBf16) {
+    static_cast<uint16_t*>(out)[oo] = f32_to_bf16_bits(static_cast<const float*>(x)[xo]);
+  } else {
+    static_cast<float*>(out)[oo] = static_cast<const float*>(x)[xo];
   }
 }
 
@@ -153,12 +183,15 @@ __global__ void split_sum_rows_kernel(const float* s, int64_t n, int64_t m, cons
   }
 }
 
+template <int V>
 __global__ void f32_to_f16_rows_scaled_kernel(const float* x, int64_t ldx, __half* dst, float* scales, int64_t k) {
+  using Vec = VecOf<V>;
   __shared__ float warp_max[kThreads / 32];
-  const int64_t row = blockIdx.x;
-  const float* xr = x + row * ldx;
+  const int64_t row = blockIdx.x, kv = k / V;
+  const Vec* xr = reinterpret_cast<const Vec*>(x + row * ldx);
   float mx = 0.0f;
-  for (int64_t j = threadIdx.x; j < k; j += kThreads) mx = fmaxf(mx, fabsf(xr[j]));
+#pragma unroll 4
+  for (int64_t j = threadIdx.x; j < kv; j += kThreads) mx = fmaxf(mx, abs_max(xr[j]));
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = mx;
   __syncthreads();
@@ -175,7 +208,8 @@ __global__ void f32_to_f16_rows_scaled_kernel(const float* x, int64_t ldx, __hal
   }
   if (threadIdx.x == 0) scales[row] = 1.0f / inv;
   __half* d = dst + row * k;
-  for (int64_t j = threadIdx.x; j < k; j += kThreads) d[j] = __float2half_rn(xr[j] * inv);
+#pragma unroll 4
+  for (int64_t j = threadIdx.x; j < kv; j += kThreads) store_f16(d + V * j, xr[j], inv);
 }
 
 __global__ void scale_bias_rows_kernel(float* out, int64_t ldo, const float* scales, const float* bias, int64_t m) {
@@ -205,15 +239,16 @@ cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const
   if (rows == 0 || d == 0) return cudaSuccess;
   const bool vec4 = d % 4 == 0 && rows_vec4(xr) && rows_vec4(yr) && rows_vec4(outr) && aligned16(x) &&
                     aligned16(y) && aligned16(out);
-  const unsigned grid = static_cast<unsigned>(rows);
+  // The flattened index is 32-bit (a 64-bit division per thread would cost more than the op).
+  if (rows * d >= kMaxElementwise) return cudaErrorInvalidValue;
   switch (kind) {
     case BinaryKind::SigmoidMul:
-      launch_binary_kind<BinaryKind::SigmoidMul>(vec4, grid, x, xr, y, yr, out, outr, d, stream);
+      launch_binary_kind<BinaryKind::SigmoidMul>(vec4, rows, x, xr, y, yr, out, outr, d, stream);
       break;
     case BinaryKind::Swiglu:
-      launch_binary_kind<BinaryKind::Swiglu>(vec4, grid, x, xr, y, yr, out, outr, d, stream);
+      launch_binary_kind<BinaryKind::Swiglu>(vec4, rows, x, xr, y, yr, out, outr, d, stream);
       break;
-    case BinaryKind::Add: launch_binary_kind<BinaryKind::Add>(vec4, grid, x, xr, y, yr, out, outr, d, stream); break;
+    case BinaryKind::Add: launch_binary_kind<BinaryKind::Add>(vec4, rows, x, xr, y, yr, out, outr, d, stream); break;
   }
   return cudaGetLastError();
 }
@@ -233,15 +268,17 @@ cudaError_t launch_copy(const void* x, bool x_bf16, const Rows& xr, void* out, b
                         int64_t d, cudaStream_t stream) {
   const int64_t rows = xr.count();
   if (rows == 0 || d == 0) return cudaSuccess;
-  const unsigned grid = static_cast<unsigned>(rows);
+  if (rows * d >= kMaxElementwise) return cudaErrorInvalidValue;  // 32-bit flattened index
+  const uint32_t total = static_cast<uint32_t>(rows * d), dd = static_cast<uint32_t>(d);
+  const unsigned grid = (total + kThreads - 1) / kThreads;
   if (x_bf16 && out_bf16) {
-    copy_kernel<true, true><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, d);
+    copy_kernel<true, true><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, dd, total);
   } else if (x_bf16) {
-    copy_kernel<true, false><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, d);
+    copy_kernel<true, false><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, dd, total);
   } else if (out_bf16) {
-    copy_kernel<false, true><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, d);
+    copy_kernel<false, true><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, dd, total);
   } else {
-    copy_kernel<false, false><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, d);
+    copy_kernel<false, false><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, dd, total);
   }
   return cudaGetLastError();
 }
@@ -278,8 +315,14 @@ cudaError_t launch_split_sum_rows(const float* s, int64_t n, int64_t m, const fl
 cudaError_t launch_f32_to_f16_rows_scaled(const float* x, int64_t ldx, uint16_t* dst, float* scales, int64_t n,
                                           int64_t k, cudaStream_t stream) {
   if (n == 0 || k == 0) return cudaSuccess;
-  f32_to_f16_rows_scaled_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, ldx, reinterpret_cast<__half*>(dst),
-                                                                                   scales, k);
+  // dst rows start at multiples of k·2 bytes from a 256-aligned base: 8-byte stores need k % 4 == 0.
+  const bool vec4 = k % 4 == 0 && (n == 1 || ldx % 4 == 0) && aligned16(x) && (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
+  __half* d = reinterpret_cast<__half*>(dst);
+  if (vec4) {
+    f32_to_f16_rows_scaled_kernel<4><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, ldx, d, scales, k);
+  } else {
+    f32_to_f16_rows_scaled_kernel<1><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, ldx, d, scales, k);
+  }
   return cudaGetLastError();
 }
 

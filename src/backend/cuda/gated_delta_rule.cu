@@ -44,8 +44,13 @@
 // P and M from the workspace into registers, [Q;K]·S₀ | store P and M over the dead Q and S₀ copy |
 // forward substitution (warp w owns 4 columns, 8 lanes per column, right-looking with Δ in
 // registers) | O = γQS₀ + PΔ to out, state update. Shared memory: 92.5 KiB at dk = 128 (68.75 at 64,
-// 60.75 at 32), within the 99 KiB per-block limit of sm_86/sm_89. Both grids depend only on dv, Hv,
-// n_tokens and n_seqs, never on the offsets' values (CUDA graph replay).
+// 60.75 at 32), within the 99 KiB per-block limit of sm_86/sm_89. Registers: the kernel fetches the
+// next chunk's q/k/v rows during the current one, compiled for one block per SM (up to 255
+// registers); when every sequence fits one chunk (GdnArgs::short_seqs, a pass of question rows),
+// there is nothing to fetch ahead, and a variant loading at the chunk's start is compiled for two
+// blocks per SM (128 registers, a few spilled), so the many blocks of such a pass (4B, 6 rows: 768)
+// run in half the waves. Both grids depend only on dv, Hv, n_tokens and n_seqs, never on the
+// offsets' values (CUDA graph replay); the variant is part of the recorded command's signature.
 // Work per chunk (dk = 128): ~0.65 M FMA for M and P (kernel 1), and per block of kernel 2 0.5 M for
 // [Q;K]·S₀, 0.26 M for the state update, 0.13 M for PΔ and the substitution; the S₀ products are the
 // inherently sequential part (3·dk·dv FMA per token and head). A short chunk (cn < 64: a Kev row of
@@ -68,7 +73,7 @@ namespace kev::cuda {
 
 namespace {
 
-constexpr int kChunk = 64;    // tokens per chunk
+constexpr int kChunk = kGdnChunkTokens;
 constexpr int kSlice = 32;    // state columns (of dv) per block
 constexpr int kThreads = 256;
 constexpr int kMaxGridYZ = 65535;
@@ -265,8 +270,12 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
   }
 }
 
-template <int DK>
-__global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, bool vec, const float* products) {
+// kAhead: fetch the next chunk's q/k/v into registers during this one (a long sequence); without it
+// (every sequence one chunk, GdnArgs::short_seqs) they are loaded at the chunk's start, which frees
+// those registers for two resident blocks per SM.
+template <int DK, bool kAhead>
+__global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(GdnArgs a, bool vec,
+                                                                               const float* products) {
   using Lay = GdnLayout<DK>;
   constexpr int LQK = Lay::kLdQK, LCC = Lay::kLdCC, LV = Lay::kLdV, RPT = Lay::kRowsPerThread;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -336,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, boo
   // Warp 0 fetches g and β the same way, a chunk ahead (both paths).
   float gate[4];
   if (begin < end) {
-    if (vec) fetch(begin);
+    if (vec && kAhead) fetch(begin);
     if (warp == 0) fetch_gates(a, h, begin, end, lane, gate);
   }
 
@@ -346,6 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, boo
 
     // ---- load the chunk (zero padded to kChunk rows) ----
     if (vec) {
+      if constexpr (!kAhead) fetch(t0);
 #pragma unroll
       for (int u = 0; u < kQK4; ++u) {
         const int idx = tid + u * kThreads, i = idx / (DK / 4), d = 4 * (idx % (DK / 4));
@@ -445,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, boo
     __syncthreads();
 
     if (t0 + kChunk < end) {
-      if (vec) fetch(t0 + kChunk);
+      if (vec && kAhead) fetch(t0 + kChunk);
       if (warp == 0) fetch_gates(a, h, t0 + kChunk, end, lane, gate);
     }
 
@@ -564,8 +574,11 @@ template <int DK>
 cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
   constexpr size_t bytes = GdnLayout<DK>::kBytes, product_bytes = GdnProductLayout<DK>::kBytes;
   static const cudaError_t attr =
-      cudaFuncSetAttribute(gdn_chunked_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+      cudaFuncSetAttribute(gdn_chunked_kernel<DK, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (attr != cudaSuccess) return attr;
+  static const cudaError_t short_attr = cudaFuncSetAttribute(
+      gdn_chunked_kernel<DK, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (short_attr != cudaSuccess) return short_attr;
   static const cudaError_t product_attr = cudaFuncSetAttribute(
       gdn_chunk_products_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(product_bytes));
   if (product_attr != cudaSuccess) return product_attr;
@@ -577,7 +590,11 @@ cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   const dim3 grid((a.dv + kSlice - 1) / kSlice, a.Hv, a.n_seqs);
-  gdn_chunked_kernel<DK><<<grid, kThreads, bytes, stream>>>(a, vectorizable(a), products);
+  if (a.short_seqs) {
+    gdn_chunked_kernel<DK, false><<<grid, kThreads, bytes, stream>>>(a, vectorizable(a), products);
+  } else {
+    gdn_chunked_kernel<DK, true><<<grid, kThreads, bytes, stream>>>(a, vectorizable(a), products);
+  }
   return cudaGetLastError();
 }
 

@@ -9,6 +9,8 @@
 
 namespace kev::cuda {
 
+constexpr int kGdnChunkTokens = 64;  // the chunk length C
+
 // Operands of one launch. All pointers are device pointers; rows of q/k/v/out are tokens of the
 // packed pass (sequence r spans tokens [offsets[r], offsets[r+1])); within a token, heads are
 // contiguous (head stride = dk for q/k, dv for v/out). Value head h reads key head h / (Hv / Hk).
@@ -27,6 +29,10 @@ struct GdnArgs {
   float* state_out = nullptr;       // [Hv, dk, dv] or null; only when n_seqs == 1
   const int32_t* offsets = nullptr;  // device [n_seqs + 1]
   int n_seqs = 0, n_tokens = 0, Hk = 0, Hv = 0, dk = 0, dv = 0;
+  // Every sequence has at most kGdnChunkTokens tokens (one chunk; Kev's question rows): selects the kernel variant
+  // without the chunk-ahead prefetch, two blocks per SM. Only speed depends on it, not the result, but
+  // a recorded pass must keep it in its signature (it picks the kernel).
+  bool short_seqs = false;
 };
 
 // Scratch the launch needs (bytes, 256-aligned by the caller); depends only on the shapes and

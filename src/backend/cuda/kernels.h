@@ -25,14 +25,15 @@ cudaError_t launch_gather_rows(const void* src, bool src_bf16, int64_t V, int64_
                                int64_t n, int64_t d, float* out, int64_t out_stride, cudaStream_t stream);
 
 // norms.cu. Row-wise over d = innermost length.
-enum class NormKind { Rms, L2, RmsGated };
+enum class NormKind { Rms, L2, RmsGated, AddRms };
 struct NormArgs {
   NormKind kind = NormKind::Rms;
-  const float* x = nullptr;  // rms/l2: x; gated: o
+  const float* x = nullptr;  // rms/l2/add_rms: x; gated: o
   Rows x_rows;
-  const float* z = nullptr;  // gated only
+  const float* z = nullptr;  // gated: z; add_rms: y
   Rows z_rows;
-  const float* w = nullptr;  // rms: gain 1 + w; gated: gain w; l2: unused
+  float* sum = nullptr;      // add_rms: receives x + y (rows x_rows); the op passes x itself (in place)
+  const float* w = nullptr;  // rms/add_rms: gain 1 + w; gated: gain w; l2: unused
   float* out = nullptr;
   Rows out_rows;
   int64_t d = 0;
@@ -40,7 +41,9 @@ struct NormArgs {
 };
 cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream);
 
-// elementwise.cu.
+// elementwise.cu. Binary maps and copy index the flattened [rows, d] space with 32 bits, so they take
+// fewer than kMaxElementwise elements (a launch with more returns cudaErrorInvalidValue).
+constexpr int64_t kMaxElementwise = (int64_t{1} << 32) - 256;
 enum class BinaryKind { SigmoidMul, Swiglu, Add };
 cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr, float* out,
                           const Rows& outr, int64_t d, cudaStream_t stream);

@@ -1,16 +1,24 @@
 // Row normalisations over the innermost dimension d (rows = every outer index of a rank 1..4 view):
 //
 //   rms_norm:       out = x / sqrt(mean(x²) + eps) · (1 + w)        (zero-centred gain)
+//   add_rms_norm:   x ← x + y (in place), then out = rms_norm(x)     (the residual add fused in)
 //   l2_norm:        out = x / sqrt(Σx² + eps) · scale
 //   rms_norm_gated: out = w · o / sqrt(mean(o²) + eps) · SiLU(z)    (plain gain)
 //
-// Layout: x/o, z, out [..., d] with free outer strides (Rows), innermost contiguous; w [d].
+// Layout: x/o, z (gated: z; add_rms_norm: y), out [..., d] with free outer strides (Rows), innermost
+// contiguous; w [d]. add_rms_norm writes x + y through `sum` (x itself) with x's rows.
 // Launch: one warp per row, 4 rows per 128-thread block (grid.x = ceil(rows / 4): Kev's passes have a
 // few hundred rows, so small blocks spread them over more SMs); a lane strides over the row, so loads
 // are coalesced per warp, as float4 when d % 4 == 0 and every row of x, z, out and w is 16-byte
-// aligned (scalar otherwise). The sum of squares is an FP32 warp reduction; the second
-// pass re-reads the row (an L1/L2 hit). Rows are independent, so out may be the identical view of x
-// (in place): every lane reads its elements before writing them and no lane reads another's.
+// aligned (scalar otherwise). The sum of squares is an FP32 warp reduction (of x + y rounded to FP32
+// for add_rms_norm, as add then rms_norm); the second pass re-reads the row (an L1/L2 hit; for
+// add_rms_norm the sum this lane just wrote). Wide rms_norm and add_rms_norm rows (the hidden state:
+// 1024 <= d <= 4096, float4-aligned) instead get one 128-thread block each, a thread holding up to 8
+// float4 of the row in registers: a warp would walk a 2,560-float row in 20 dependent steps, and a few
+// hundred rows would leave most SMs idle. Its sum of squares is a warp reduction, then one over the 4
+// warps. Rows are independent, so out may be the identical view of x (in place) for the plain norms:
+// every lane reads its elements before writing them and no lane reads another's. add_rms_norm's out
+// and y are disjoint from x (supports() checks).
 #include "backend/cuda/device_math.cuh"
 
 namespace kev::cuda {
@@ -21,29 +29,42 @@ constexpr int kWarpsPerBlock = 4;
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
+// x + y element-wise (add_rms_norm's residual update).
+__device__ __forceinline__ float4 add4(float4 u, float4 v) {
+  return make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+}
+
 template <NormKind kKind>
 __global__ void norm_vec4_kernel(NormArgs a) {
+  constexpr bool kAdd = kKind == NormKind::AddRms;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2]) return;
-  const float* x = a.x + row_offset(a.x_rows, row);
+  const int64_t x_off = row_offset(a.x_rows, row);
+  const float* x = a.x + x_off;
   float* out = a.out + row_offset(a.out_rows, row);
+  const float* z = kKind == NormKind::RmsGated || kAdd ? a.z + row_offset(a.z_rows, row) : nullptr;
+  float* sum = kAdd ? a.sum + x_off : nullptr;
   float ss = 0.0f;
   // Unrolled so that several loads per lane are in flight (a row of 1-4 K floats is 2-8 steps).
 #pragma unroll 4
   for (int64_t j = 4 * lane; j < a.d; j += 128) {
-    const float4 v = ld4(x + j);
+    float4 v = ld4(x + j);
+    if constexpr (kAdd) {
+      v = add4(v, ld4(z + j));
+      *reinterpret_cast<float4*>(sum + j) = v;
+    }
     ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
   }
   ss = warp_sum(ss);
-  const float* z = kKind == NormKind::RmsGated ? a.z + row_offset(a.z_rows, row) : nullptr;
   const float f =
       kKind == NormKind::L2 ? a.scale / sqrtf(ss + a.eps) : 1.0f / sqrtf(ss / static_cast<float>(a.d) + a.eps);
+  const float* src = kAdd ? sum : x;  // the lane's own writes of the first pass
 #pragma unroll 4
   for (int64_t j = 4 * lane; j < a.d; j += 128) {
-    const float4 v = ld4(x + j);
+    const float4 v = ld4(src + j);
     float4 r;
-    if constexpr (kKind == NormKind::Rms) {
+    if constexpr (kKind == NormKind::Rms || kAdd) {
       const float4 w = ld4(a.w + j);
       r = make_float4(v.x * f * (1.0f + w.x), v.y * f * (1.0f + w.y), v.z * f * (1.0f + w.z), v.w * f * (1.0f + w.w));
     } else if constexpr (kKind == NormKind::L2) {
@@ -57,17 +78,74 @@ __global__ void norm_vec4_kernel(NormArgs a) {
   }
 }
 
+constexpr int kRowThreads = 128, kRowVec = 8;  // wide rows: d / 4 <= kRowThreads · kRowVec
+
+// kAdd: add_rms_norm (the row is x + y, written back through a.sum before the reduction).
+template <bool kAdd>
+__global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
+  const int64_t row = blockIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t x_off = row_offset(a.x_rows, row);
+  const float* x = a.x + x_off;
+  const float* y = kAdd ? a.z + row_offset(a.z_rows, row) : nullptr;
+  float* out = a.out + row_offset(a.out_rows, row);
+  const int nv = static_cast<int>(a.d / 4);
+  float4 v[kRowVec];
+  float ss = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kRowVec; ++u) {
+    const int j = threadIdx.x + u * kRowThreads;
+    if (j < nv) {
+      v[u] = ld4(x + 4 * j);
+      if constexpr (kAdd) {
+        v[u] = add4(v[u], ld4(y + 4 * j));
+        *reinterpret_cast<float4*>(a.sum + x_off + 4 * j) = v[u];
+      }
+      ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+    }
+  }
+  __shared__ float part[kRowThreads / 32];
+  ss = warp_sum(ss);
+  if (lane == 0) part[warp] = ss;
+  __syncthreads();
+  ss = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kRowThreads / 32; ++w) ss += part[w];
+  const float f = 1.0f / sqrtf(ss / static_cast<float>(a.d) + a.eps);
+#pragma unroll
+  for (int u = 0; u < kRowVec; ++u) {
+    const int j = threadIdx.x + u * kRowThreads;
+    if (j < nv) {
+      const float4 w = ld4(a.w + 4 * j);
+      *reinterpret_cast<float4*>(out + 4 * j) = make_float4(v[u].x * f * (1.0f + w.x), v[u].y * f * (1.0f + w.y),
+                                                            v[u].z * f * (1.0f + w.z), v[u].w * f * (1.0f + w.w));
+    }
+  }
+}
+
 template <NormKind kKind>
 __global__ void norm_kernel(NormArgs a) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2]) return;
-  const float* x = a.x + row_offset(a.x_rows, row);
+  const int64_t x_off = row_offset(a.x_rows, row);
+  const float* x = a.x + x_off;
   float* out = a.out + row_offset(a.out_rows, row);
   float ss = 0.0f;
-  for (int64_t j = lane; j < a.d; j += 32) ss += x[j] * x[j];
+  if constexpr (kKind == NormKind::AddRms) {
+    const float* y = a.z + row_offset(a.z_rows, row);
+    float* sum = a.sum + x_off;
+    for (int64_t j = lane; j < a.d; j += 32) {
+      const float v = x[j] + y[j];
+      sum[j] = v;
+      ss += v * v;
+    }
+    x = sum;  // the second pass reads back this lane's own sums
+  } else {
+    for (int64_t j = lane; j < a.d; j += 32) ss += x[j] * x[j];
+  }
   ss = warp_sum(ss);
-  if constexpr (kKind == NormKind::Rms) {
+  if constexpr (kKind == NormKind::Rms || kKind == NormKind::AddRms) {
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.d) + a.eps);
     for (int64_t j = lane; j < a.d; j += 32) out[j] = x[j] * inv * (1.0f + a.w[j]);
   } else if constexpr (kKind == NormKind::L2) {
@@ -96,13 +174,23 @@ cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream) {
   if (rows == 0 || a.d == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
   const int threads = 32 * kWarpsPerBlock;
-  const bool gated = a.kind == NormKind::RmsGated;
+  const bool add = a.kind == NormKind::AddRms;
+  const bool uses_z = a.kind == NormKind::RmsGated || add;
   const bool vec4 = a.d % 4 == 0 && aligned16(a.x) && aligned16(a.out) && rows_vec4(a.x_rows) &&
                     rows_vec4(a.out_rows) && (a.kind == NormKind::L2 || aligned16(a.w)) &&
-                    (!gated || (aligned16(a.z) && rows_vec4(a.z_rows)));
+                    (!uses_z || (aligned16(a.z) && rows_vec4(a.z_rows))) && (!add || aligned16(a.sum));
+  if (vec4 && (a.kind == NormKind::Rms || add) && a.d >= 1024 && a.d <= 4 * kRowThreads * kRowVec) {
+    if (add) {
+      rms_norm_row_kernel<true><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(a);
+    } else {
+      rms_norm_row_kernel<false><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(a);
+    }
+    return cudaGetLastError();
+  }
   if (vec4) {
     switch (a.kind) {
       case NormKind::Rms: norm_vec4_kernel<NormKind::Rms><<<grid, threads, 0, stream>>>(a); break;
+      case NormKind::AddRms: norm_vec4_kernel<NormKind::AddRms><<<grid, threads, 0, stream>>>(a); break;
       case NormKind::L2: norm_vec4_kernel<NormKind::L2><<<grid, threads, 0, stream>>>(a); break;
       case NormKind::RmsGated: norm_vec4_kernel<NormKind::RmsGated><<<grid, threads, 0, stream>>>(a); break;
     }
@@ -110,6 +198,7 @@ cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream) {
   }
   switch (a.kind) {
     case NormKind::Rms: norm_kernel<NormKind::Rms><<<grid, threads, 0, stream>>>(a); break;
+    case NormKind::AddRms: norm_kernel<NormKind::AddRms><<<grid, threads, 0, stream>>>(a); break;
     case NormKind::L2: norm_kernel<NormKind::L2><<<grid, threads, 0, stream>>>(a); break;
     case NormKind::RmsGated: norm_kernel<NormKind::RmsGated><<<grid, threads, 0, stream>>>(a); break;
   }

@@ -63,6 +63,7 @@ class WebGpuBackend final : public Backend {
 
   Status embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
   Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override;
+  Status add_rms_norm(const Tensor& x, const Tensor& y, const Tensor& w, float eps, const Tensor& out) override;
   Status matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
   Status causal_conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& state_in, const SeqLayout& layout,
                             const Tensor& out, const Tensor& state_out) override;

@@ -1,5 +1,6 @@
 // Row normalisations over the innermost dimension d (rows = all outer indices):
 //   rms_norm:       out = x / sqrt(mean(x²) + eps) · (1 + w)        (zero-centred gain)
+//   add_rms_norm:   x ← x + y (in place), then out = rms_norm(x)     (y bound as z; the residual add)
 //   l2_norm:        out = x / sqrt(Σx² + eps) · scale
 //   rms_norm_gated: out = w · x / sqrt(mean(x²) + eps) · SiLU(z)    (x is o; plain gain)
 //
@@ -8,6 +9,8 @@
 // Launch: one workgroup of 64 invocations per row (folded); each invocation sums squares over
 // j ≡ lid (mod 64), then a tree reduction in workgroup memory. FP32 throughout. (64, not 256: the
 // model's rows are 32..2560 long, and short rows would leave most of a wider workgroup idle.)
+// add_rms_norm: each invocation writes x + y for its j and reads back only its own elements, so the
+// second pass needs no barrier beyond the reduction's; out and y never alias x (the host checks).
 
 struct Params {
   d: u32, n_rows: u32, s1: u32, s2: u32,
@@ -33,6 +36,11 @@ fn row_sum_squares(xb: u32, lid: u32) -> f32 {
     let v = x[xb + j];
     s += v * v;
   }
+  return workgroup_sum(s, lid);
+}
+
+// The sum of every invocation's s, returned to all of them.
+fn workgroup_sum(s: f32, lid: u32) -> f32 {
   partial[lid] = s;
   workgroupBarrier();
   for (var half = 32u; half > 0u; half >>= 1u) {
@@ -54,6 +62,28 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
   let xb = p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz);
   let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
   let inv = 1.0 / sqrt(row_sum_squares(xb, lid) / f32(p.d) + p.eps);
+  for (var j = lid; j < p.d; j += 64u) {
+    out[ob + j] = x[xb + j] * inv * (1.0 + w[p.w_off + j]);
+  }
+}
+
+@compute @workgroup_size(64)
+fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+  let r = linear_group(wid, nwg);
+  if (r >= p.n_rows) {
+    return;
+  }
+  let xb = p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz);
+  let yb = p.z_off + row_offset3(r, p.s1, p.s2, p.z_st.xyz);
+  let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
+  var s = 0.0;
+  for (var j = lid; j < p.d; j += 64u) {
+    let v = x[xb + j] + z[yb + j];
+    x[xb + j] = v;
+    s += v * v;
+  }
+  let inv = 1.0 / sqrt(workgroup_sum(s, lid) / f32(p.d) + p.eps);
   for (var j = lid; j < p.d; j += 64u) {
     out[ob + j] = x[xb + j] * inv * (1.0 + w[p.w_off + j]);
   }

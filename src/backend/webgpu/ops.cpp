@@ -39,6 +39,7 @@ uint32_t u32(int64_t v) { return static_cast<uint32_t>(v); }
 const KernelSpec kGatherF32{"gather", "gather_f32", 3};
 const KernelSpec kGatherBf16{"gather", "gather_bf16", 3};
 const KernelSpec kRmsNorm{"norms", "rms_norm", 4};
+const KernelSpec kAddRmsNorm{"norms", "add_rms_norm", 4};
 const KernelSpec kL2Norm{"norms", "l2_norm", 4};
 const KernelSpec kRmsNormGated{"norms", "rms_norm_gated", 4};
 const KernelSpec kSigmoidMul{"elementwise", "sigmoid_mul", 3};
@@ -264,6 +265,36 @@ Status WebGpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, cons
   p.eps = eps;
   p.scale = 1.0f;
   return dispatch(kOp, kRmsNorm, &p, sizeof p, {bx.b, bz.b, bw.b, bo.b}, o.rows);
+}
+
+Status WebGpuBackend::add_rms_norm(const Tensor& x, const Tensor& y, const Tensor& w, float eps, const Tensor& out) {
+  constexpr const char* kOp = "add_rms_norm";
+  KEV_TRY(cpu::check_add_rms_norm({kOp, false}, x, y, w, out));
+  KEV_TRY(check_op(OpKind::AddRmsNorm, {x, y, w, out}));
+  device_->begin_op();
+  const Outer o = outer_of(x);
+  const int64_t d = x.dim(-1);
+  if (o.rows == 0 || d == 0) return Status::success();
+  KEV_ASSIGN_OR_RETURN(Bound bx, bind(kOp, "x", x, 0));
+  KEV_ASSIGN_OR_RETURN(Bound by, bind(kOp, "y", y, 1));
+  KEV_ASSIGN_OR_RETURN(Bound bw, bind(kOp, "w", w, 2));
+  KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 3));
+  KEV_TRY(separate(kOp, {&by, &bw}, {&bx, &bo}));
+  NormParams p{};
+  p.d = u32(d);
+  p.n_rows = o.rows;
+  p.s1 = o.s1;
+  p.s2 = o.s2;
+  p.x_off = bx.off;
+  p.z_off = by.off;
+  p.w_off = bw.off;
+  p.o_off = bo.off;
+  outer_strides(x, p.x_st);
+  outer_strides(y, p.z_st);
+  outer_strides(out, p.o_st);
+  p.eps = eps;
+  p.scale = 1.0f;
+  return dispatch(kOp, kAddRmsNorm, &p, sizeof p, {bx.b, by.b, bw.b, bo.b}, o.rows);
 }
 
 Status WebGpuBackend::l2_norm(const Tensor& x, float eps, float scale, const Tensor& out) {

@@ -77,15 +77,22 @@ TEST(DISABLED_Perf, Matmul256x1024x3584) {
   });
 }
 
-TEST(DISABLED_Perf, GatedDeltaRuleT256Hv16) {
-  const int64_t T = 256, H = 16, d = 128;
-  std::vector<float> g(T * H), beta(T * H);
-  std::mt19937_64 rng(4);
+// GDN gates for n (token, head) pairs: log decays g in (-1.05, -0.05], betas in [0, 1).
+void random_gates(int64_t n, uint64_t seed, std::vector<float>& g, std::vector<float>& beta) {
+  std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  for (int64_t i = 0; i < T * H; ++i) {
+  g.resize(n);
+  beta.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
     g[i] = -0.05f - u(rng);
     beta[i] = u(rng);
   }
+}
+
+TEST(DISABLED_Perf, GatedDeltaRuleT256Hv16) {
+  const int64_t T = 256, H = 16, d = 128;
+  std::vector<float> g, beta;
+  random_gates(T * H, 4, g, beta);
   DeviceTensor q, k, v, gt, bt, s0, out, s1;
   SeqLayout layout;
   layout.offsets = {0, static_cast<int32_t>(T)};
@@ -118,13 +125,8 @@ void time_cuda_gdn(const std::string& label, const std::vector<int64_t>& lens, b
   layout.offsets = {0};
   for (int64_t len : lens) layout.offsets.push_back(static_cast<int32_t>(T += len));
   layout.from_prefix = true;
-  std::vector<float> g(T * Hv), beta(T * Hv);
-  std::mt19937_64 rng(11);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  for (int64_t i = 0; i < T * Hv; ++i) {
-    g[i] = -0.05f - u(rng);
-    beta[i] = u(rng);
-  }
+  std::vector<float> g, beta;
+  random_gates(T * Hv, 11, g, beta);
   const DeviceTensor q = make_f32(b, {T, Hk, d}, randn(T * Hk * d, 1.0f / std::sqrt(128.0f), 12));
   const DeviceTensor k = make_f32(b, {T, Hk, d}, randn(T * Hk * d, 1.0f / std::sqrt(128.0f), 13));
   const DeviceTensor v = make_f32(b, {T, Hv, d}, randn(T * Hv * d, 1, 14));

@@ -239,6 +239,30 @@ Status WebGpuBackend::gather_rows(const Tensor& x, const Tensor& idx, const Tens
 
 // ---- norms --------------------------------------------------------------------------------------
 
+namespace {
+
+// The norm kernels' parameters over the rows of `o` (z's strides only when a z / y operand is bound).
+NormParams norm_params(const Outer& o, int64_t d, const Tensor& x, const Bound& bx, const Tensor* z, const Bound& bz,
+                       const Bound& bw, const Tensor& out, const Bound& bo, float eps, float scale) {
+  NormParams p{};
+  p.d = u32(d);
+  p.n_rows = o.rows;
+  p.s1 = o.s1;
+  p.s2 = o.s2;
+  p.x_off = bx.off;
+  p.z_off = bz.off;
+  p.w_off = bw.off;
+  p.o_off = bo.off;
+  outer_strides(x, p.x_st);
+  if (z != nullptr) outer_strides(*z, p.z_st);
+  outer_strides(out, p.o_st);
+  p.eps = eps;
+  p.scale = scale;
+  return p;
+}
+
+}  // namespace
+
 Status WebGpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) {
   constexpr const char* kOp = "rms_norm";
   KEV_TRY(cpu::check_rms_norm({kOp, false}, x, w, out));
@@ -252,18 +276,7 @@ Status WebGpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, cons
   KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 3));
   const Bound bz{device_->dummy(1), 0};
   KEV_TRY(separate(kOp, {&bx, &bw}, {&bo}));
-  NormParams p{};
-  p.d = u32(d);
-  p.n_rows = o.rows;
-  p.s1 = o.s1;
-  p.s2 = o.s2;
-  p.x_off = bx.off;
-  p.w_off = bw.off;
-  p.o_off = bo.off;
-  outer_strides(x, p.x_st);
-  outer_strides(out, p.o_st);
-  p.eps = eps;
-  p.scale = 1.0f;
+  const NormParams p = norm_params(o, d, x, bx, nullptr, bz, bw, out, bo, eps, 1.0f);
   return dispatch(kOp, kRmsNorm, &p, sizeof p, {bx.b, bz.b, bw.b, bo.b}, o.rows);
 }
 
@@ -280,20 +293,7 @@ Status WebGpuBackend::add_rms_norm(const Tensor& x, const Tensor& y, const Tenso
   KEV_ASSIGN_OR_RETURN(Bound bw, bind(kOp, "w", w, 2));
   KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 3));
   KEV_TRY(separate(kOp, {&by, &bw}, {&bx, &bo}));
-  NormParams p{};
-  p.d = u32(d);
-  p.n_rows = o.rows;
-  p.s1 = o.s1;
-  p.s2 = o.s2;
-  p.x_off = bx.off;
-  p.z_off = by.off;
-  p.w_off = bw.off;
-  p.o_off = bo.off;
-  outer_strides(x, p.x_st);
-  outer_strides(y, p.z_st);
-  outer_strides(out, p.o_st);
-  p.eps = eps;
-  p.scale = 1.0f;
+  const NormParams p = norm_params(o, d, x, bx, &y, by, bw, out, bo, eps, 1.0f);
   return dispatch(kOp, kAddRmsNorm, &p, sizeof p, {bx.b, by.b, bw.b, bo.b}, o.rows);
 }
 
@@ -308,18 +308,9 @@ Status WebGpuBackend::l2_norm(const Tensor& x, float eps, float scale, const Ten
   KEV_ASSIGN_OR_RETURN(Bound bx, bind(kOp, "x", x, 0));
   KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 3));
   KEV_TRY(separate(kOp, {&bx}, {&bo}));
-  NormParams p{};
-  p.d = u32(d);
-  p.n_rows = o.rows;
-  p.s1 = o.s1;
-  p.s2 = o.s2;
-  p.x_off = bx.off;
-  p.o_off = bo.off;
-  outer_strides(x, p.x_st);
-  outer_strides(out, p.o_st);
-  p.eps = eps;
-  p.scale = scale;
-  return dispatch(kOp, kL2Norm, &p, sizeof p, {bx.b, device_->dummy(1), device_->dummy(2), bo.b}, o.rows);
+  const Bound bz{device_->dummy(1), 0}, bw{device_->dummy(2), 0};
+  const NormParams p = norm_params(o, d, x, bx, nullptr, bz, bw, out, bo, eps, scale);
+  return dispatch(kOp, kL2Norm, &p, sizeof p, {bx.b, bz.b, bw.b, bo.b}, o.rows);
 }
 
 Status WebGpuBackend::rms_norm_gated(const Tensor& o_in, const Tensor& z, const Tensor& w, float eps,
@@ -336,20 +327,7 @@ Status WebGpuBackend::rms_norm_gated(const Tensor& o_in, const Tensor& z, const 
   KEV_ASSIGN_OR_RETURN(Bound bw, bind(kOp, "w", w, 2));
   KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 3));
   KEV_TRY(separate(kOp, {&bx, &bz, &bw}, {&bo}));
-  NormParams p{};
-  p.d = u32(d);
-  p.n_rows = o.rows;
-  p.s1 = o.s1;
-  p.s2 = o.s2;
-  p.x_off = bx.off;
-  p.z_off = bz.off;
-  p.w_off = bw.off;
-  p.o_off = bo.off;
-  outer_strides(o_in, p.x_st);
-  outer_strides(z, p.z_st);
-  outer_strides(out, p.o_st);
-  p.eps = eps;
-  p.scale = 1.0f;
+  const NormParams p = norm_params(o, d, o_in, bx, &z, bz, bw, out, bo, eps, 1.0f);
   return dispatch(kOp, kRmsNormGated, &p, sizeof p, {bx.b, bz.b, bw.b, bo.b}, o.rows);
 }
 

@@ -15,6 +15,7 @@
 // state, K/V); without it, the pass is a fresh state pass (zero conv and recurrent state, no K/V).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -59,6 +60,11 @@ struct SeqLayout {
   bool from_prefix = false;         // continue from the prefix state instead of a zero state
   int64_t n_seqs() const { return static_cast<int64_t>(offsets.size()) - 1; }
   int64_t n_tokens() const { return offsets.back(); }
+  int64_t longest() const {  // tokens in the longest sequence
+    int64_t m = 0;
+    for (size_t r = 0; r + 1 < offsets.size(); ++r) m = std::max<int64_t>(m, offsets[r + 1] - offsets[r]);
+    return m;
+  }
 };
 
 enum class BufferUsage { Weights, Activations, PrefixState, Staging };

@@ -171,32 +171,6 @@ void add_conv(std::vector<OpCase>& cases) {
 }
 
 // ---- gated delta rule ---------------------------------------------------------------------------
-struct GdnShape {
-  int64_t Hk, Hv, dk, dv;
-};
-
-OpCase gdn_case(const std::string& tag, GdnShape s, const std::vector<int64_t>& seqs, bool prefix, bool state_out,
-                int64_t qk_pad = 0) {
-  int64_t n = 0;
-  for (int64_t l : seqs) n += l;
-  const SeqLayout layout = layout_of(seqs, 0, prefix);
-  const float qscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.dk)));
-  OpCase c{OpKind::GatedDeltaRule,
-           tag + "Hk=" + std::to_string(s.Hk) + ",Hv=" + std::to_string(s.Hv) + ",dk=" + std::to_string(s.dk) +
-               ",dv=" + std::to_string(s.dv) + ",seqs=" + lengths_str(seqs) + (prefix ? ",state=random" : ",state=0") +
-               (state_out ? ",state_out" : "") + (qk_pad ? ",qk_view" : ""),
-           {padded(in("q", {n, s.Hk, s.dk}, l2_rows(qscale)), 0, qk_pad),
-            padded(in("k", {n, s.Hk, s.dk}, l2_rows(1.0)), 0, qk_pad), in("v", {n, s.Hv, s.dv}, normal()),
-            in("g", {n, s.Hv}, log_decay()), in("beta", {n, s.Hv}, uniform(0.0, 1.0)),
-            prefix ? in("state_in", {s.Hv, s.dk, s.dv}, normal(0, 0.3)) : absent("state_in"),
-            out("out", {n, s.Hv, s.dv}), state_out ? out("state_out", {s.Hv, s.dk, s.dv}) : absent("state_out")},
-           kTolGdn,
-           [=](Backend& b, const std::vector<Tensor>& t) {
-             return b.gated_delta_rule(t[0], t[1], t[2], t[3], t[4], t[5], layout, t[6], t[7]);
-           }};
-  return c;
-}
-
 void add_gdn(std::vector<OpCase>& cases) {
   const GdnShape small{2, 4, 128, 128};  // GQA ratio 2 like the 4B, fewer heads to keep the reference fast
   for (int64_t T : {1, 63, 64, 65, 130, 200}) {
@@ -351,6 +325,28 @@ void add_elementwise(std::vector<OpCase>& cases) {
 }
 
 }  // namespace
+
+OpCase gdn_case(const std::string& tag, GdnShape s, const std::vector<int64_t>& seqs, bool prefix, bool state_out,
+                int64_t qk_pad) {
+  int64_t n = 0;
+  for (int64_t l : seqs) n += l;
+  const SeqLayout layout = layout_of(seqs, 0, prefix);
+  const float qscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.dk)));
+  OpCase c{OpKind::GatedDeltaRule,
+           tag + "Hk=" + std::to_string(s.Hk) + ",Hv=" + std::to_string(s.Hv) + ",dk=" + std::to_string(s.dk) +
+               ",dv=" + std::to_string(s.dv) + ",seqs=" + lengths_str(seqs) + (prefix ? ",state=random" : ",state=0") +
+               (state_out ? ",state_out" : "") + (qk_pad ? ",qk_view" : ""),
+           {padded(in("q", {n, s.Hk, s.dk}, l2_rows(qscale)), 0, qk_pad),
+            padded(in("k", {n, s.Hk, s.dk}, l2_rows(1.0)), 0, qk_pad), in("v", {n, s.Hv, s.dv}, normal()),
+            in("g", {n, s.Hv}, log_decay()), in("beta", {n, s.Hv}, uniform(0.0, 1.0)),
+            prefix ? in("state_in", {s.Hv, s.dk, s.dv}, normal(0, 0.3)) : absent("state_in"),
+            out("out", {n, s.Hv, s.dv}), state_out ? out("state_out", {s.Hv, s.dk, s.dv}) : absent("state_out")},
+           kTolGdn,
+           [=](Backend& b, const std::vector<Tensor>& t) {
+             return b.gated_delta_rule(t[0], t[1], t[2], t[3], t[4], t[5], layout, t[6], t[7]);
+           }};
+  return c;
+}
 
 OpCase conv_case(int64_t C, int64_t K, const std::vector<int64_t>& seqs, bool prefix, bool state_out, int64_t x_pad) {
   int64_t n = 0;

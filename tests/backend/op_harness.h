@@ -100,6 +100,15 @@ ArgSpec padded(ArgSpec a, int64_t front, int64_t back);
 SeqLayout layout_of(const std::vector<int64_t>& lengths, int64_t pos0, bool from_prefix);
 std::string lengths_str(const std::vector<int64_t>& lengths);  // "1+7+64"
 
+// A gated_delta_rule case with q, k L2-normalised (q scaled by 1/sqrt(dk)), natural log decays, β in
+// [0, 1), state_in when `prefix`; q and k views of wider rows when qk_pad > 0. Its name is `tag`
+// followed by the shape and the sequences.
+struct GdnShape {
+  int64_t Hk, Hv, dk, dv;
+};
+OpCase gdn_case(const std::string& tag, GdnShape s, const std::vector<int64_t>& seqs, bool prefix, bool state_out,
+                int64_t qk_pad = 0);
+
 // A causal_conv1d_silu case: x [Σ seqs, C] (a view when x_pad > 0), w [C, K], state_in when `prefix`.
 OpCase conv_case(int64_t C, int64_t K, const std::vector<int64_t>& seqs, bool prefix, bool state_out, int64_t x_pad);
 

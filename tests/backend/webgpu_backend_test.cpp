@@ -412,21 +412,8 @@ TEST_P(GdnEdges, MatchReference) {
   const GdnEdge& e = kGdnEdges[GetParam()];
   const std::shared_ptr<Backend> gpu = with_binding_limit(shared, e.binding_limit);
   ASSERT_TRUE(gpu);
-  const int64_t n = std::accumulate(e.seqs.begin(), e.seqs.end(), int64_t{0});
-  const SeqLayout layout = layout_of(e.seqs, 0, e.from_state);
-  const double qscale = 1.0 / std::sqrt(static_cast<double>(e.dk));
-  OpCase c{OpKind::GatedDeltaRule,
-           std::string(e.name) + ",Hk=" + std::to_string(e.Hk) + ",Hv=" + std::to_string(e.Hv) +
-               ",dk=" + std::to_string(e.dk) + ",dv=" + std::to_string(e.dv) + ",seqs=" + lengths_str(e.seqs),
-           {in("q", {n, e.Hk, e.dk}, l2_rows(qscale)), in("k", {n, e.Hk, e.dk}, l2_rows(1.0)),
-            in("v", {n, e.Hv, e.dv}, normal()), in("g", {n, e.Hv}, e.spiky ? spiky_log_decay() : log_decay()),
-            in("beta", {n, e.Hv}, uniform(0.0, 1.0)),
-            e.from_state ? in("state_in", {e.Hv, e.dk, e.dv}, normal(0, 0.3)) : absent("state_in"),
-            out("out", {n, e.Hv, e.dv}), e.state_out ? out("state_out", {e.Hv, e.dk, e.dv}) : absent("state_out")},
-           1e-9,  // the op table's GDN tolerance
-           [=](Backend& b, const std::vector<Tensor>& t) {
-             return b.gated_delta_rule(t[0], t[1], t[2], t[3], t[4], t[5], layout, t[6], t[7]);
-           }};
+  OpCase c = gdn_case(std::string(e.name) + ",", {e.Hk, e.Hv, e.dk, e.dv}, e.seqs, e.from_state, e.state_out);
+  if (e.spiky) c.args[3].init = spiky_log_decay();
   expect_matches_reference(c, *gpu);
 }
 

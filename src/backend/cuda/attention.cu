@@ -514,7 +514,6 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 int query_tiles(const AttentionArgs& a) {
   const int tokens_per_tile = kRows / (a.H / a.Hkv);

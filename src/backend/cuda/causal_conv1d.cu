@@ -155,7 +155,6 @@ __global__ void conv_state_kernel(ConvArgs a) {
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
 

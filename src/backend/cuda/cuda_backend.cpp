@@ -770,11 +770,7 @@ Status CudaBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const Ten
   a.Hv = static_cast<int>(Hv);
   a.dk = static_cast<int>(dk);
   a.dv = static_cast<int>(dv);
-  int32_t longest = 0;
-  for (size_t r = 0; r + 1 < layout.offsets.size(); ++r) {
-    longest = std::max(longest, layout.offsets[r + 1] - layout.offsets[r]);
-  }
-  a.short_seqs = longest <= cuda::kGdnChunkTokens;
+  a.short_seqs = layout.longest() <= cuda::kGdnChunkTokens;
   sig.word(a.short_seqs);
   // state_out may be the identical view of state_in (a state pass updating its snapshot in place);
   // the kernel then reads a copy, so it never depends on the order its blocks read and write.

@@ -1,6 +1,7 @@
-// Device helpers shared by the CUDA backend's kernels: overflow-free activations (the same forms as
-// the CPU's vec.h), warp sums, strided row addressing, sequence lookup in a packed layout, and
-// bit-exact BF16 conversion (round to nearest even, NaN kept quiet — as common/bf16.h).
+// Helpers shared by the CUDA backend's kernels: overflow-free activations (the same forms as the
+// CPU's vec.h), warp sums, strided row addressing, sequence lookup in a packed layout, bit-exact BF16
+// conversion (round to nearest even, NaN kept quiet — as common/bf16.h), and the launchers' host-side
+// alignment checks.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,6 +25,17 @@ __device__ __forceinline__ float softplusf(float u) { return fmaxf(u, 0.0f) + lo
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// Host side, for the launchers' vector-path choice: 16-byte alignment of a base pointer, and row
+// strides that keep every row of a view float4-aligned.
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+inline bool rows_vec4(const Rows& r) {
+  for (int i = 0; i < r.n_outer; ++i) {
+    if (r.shape[i] > 1 && r.stride[i] % 4 != 0) return false;
+  }
+  return true;
 }
 
 // Index math in 32 bits: the backend refuses views with 2^31 or more rows (check_rows), and a 64-bit

@@ -35,14 +35,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-bool rows_vec4(const Rows& r) {
-  for (int i = 0; i < r.n_outer; ++i) {
-    if (r.shape[i] > 1 && r.stride[i] % 4 != 0) return false;
-  }
-  return true;
-}
 
 // float4 or float access for the F16 conversion's vector and scalar paths.
 template <int V>
@@ -316,7 +309,8 @@ cudaError_t launch_f32_to_f16_rows_scaled(const float* x, int64_t ldx, uint16_t*
                                           int64_t k, cudaStream_t stream) {
   if (n == 0 || k == 0) return cudaSuccess;
   // dst rows start at multiples of k·2 bytes from a 256-aligned base: 8-byte stores need k % 4 == 0.
-  const bool vec4 = k % 4 == 0 && (n == 1 || ldx % 4 == 0) && aligned16(x) && (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
+  const bool vec4 =
+      k % 4 == 0 && (n == 1 || ldx % 4 == 0) && aligned16(x) && (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
   __half* d = reinterpret_cast<__half*>(dst);
   if (vec4) {
     f32_to_f16_rows_scaled_kernel<4><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, ldx, d, scales, k);

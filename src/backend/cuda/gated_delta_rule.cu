@@ -69,6 +69,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backend/cuda/device_math.cuh"
+
 namespace kev::cuda {
 
 namespace {
@@ -559,7 +561,6 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // float4 loads of q/k/v rows and stores of out rows need 16-byte aligned rows and dv % 4 == 0 (a
 // slice's float4 column groups then never straddle the end of a row).
@@ -573,8 +574,8 @@ bool vectorizable(const GdnArgs& a) {
 template <int DK>
 cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
   constexpr size_t bytes = GdnLayout<DK>::kBytes, product_bytes = GdnProductLayout<DK>::kBytes;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(gdn_chunked_kernel<DK, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      gdn_chunked_kernel<DK, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (attr != cudaSuccess) return attr;
   static const cudaError_t short_attr = cudaFuncSetAttribute(
       gdn_chunked_kernel<DK, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));

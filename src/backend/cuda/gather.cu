@@ -39,7 +39,6 @@ __global__ void gather_kernel(const void* __restrict__ src, int64_t V, int64_t s
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
 

@@ -158,14 +158,7 @@ __global__ void norm_kernel(NormArgs a) {
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-bool rows_vec4(const Rows& r) {
-  for (int i = 0; i < r.n_outer; ++i) {
-    if (r.shape[i] > 1 && r.stride[i] % 4 != 0) return false;
-  }
-  return true;
-}
 
 }  // namespace
 

@@ -555,10 +555,7 @@ Status WebGpuBackend::rope(const Tensor& x, const SeqLayout& layout, int64_t n_r
             " must be positive and finite");
   device_->begin_op();
   if (half == 0 || x.shape[0] == 0 || H == 0) return Status::success();
-  int64_t max_len = 0;
-  for (int64_t r = 0; r < layout.n_seqs(); ++r) {
-    max_len = std::max<int64_t>(max_len, layout.offsets[r + 1] - layout.offsets[r]);
-  }
+  const int64_t max_len = layout.longest();
   // Angles in double on the host, as the CPU backend does (see rope.wgsl); computed and staged once
   // per pass for each (positions, n_rot, theta).
   const RopeTable key{device_->flushes(), layout.pos0, max_len, n_rot, theta, Binding{}};

@@ -111,15 +111,16 @@ TEST(DISABLED_Perf, GatedDeltaRuleT256Hv16) {
   });
 }
 
-// CUDA timing of the gated delta rule at the 4B shapes (Hk = 16, Hv = 32, dk = dv = 128), from a
-// state. The backend records ops and runs them at synchronize(), so one timed run enqueues `reps`
+// CUDA timing of the gated delta rule at the 4B shapes (Hk = 16, Hv = 32, dk = dv = 128; the 0.8B
+// has Hv = 16), from a state. The backend records ops and runs them at synchronize(), so one timed run enqueues `reps`
 // calls and waits once: the per-call time is GPU time plus the (graph-replayed) launch cost, without
 // the host round trip. Skips when no CUDA device can be opened.
-void time_cuda_gdn(const std::string& label, const std::vector<int64_t>& lens, bool with_state_out) {
+void time_cuda_gdn(const std::string& label, const std::vector<int64_t>& lens, bool with_state_out,
+                   int64_t Hv = 32) {
   auto r = create_backend("cuda", BackendOptions{});
   if (!r.ok()) GTEST_SKIP() << "no CUDA backend: " << r.status().to_string();
   Backend& b = *r.value();
-  const int64_t Hk = 16, Hv = 32, d = 128, reps = 20;
+  const int64_t Hk = 16, d = 128, reps = 20;
   int64_t T = 0;
   SeqLayout layout;
   layout.offsets = {0};
@@ -154,6 +155,10 @@ TEST(DISABLED_Perf, GatedDeltaRuleCuda4bT250) {
 
 TEST(DISABLED_Perf, GatedDeltaRuleCuda4bRows6x37) {
   time_cuda_gdn("cuda gated_delta_rule 4b, 6 rows x 37 tokens from one state", {37, 37, 37, 37, 36, 36}, false);
+}
+
+TEST(DISABLED_Perf, GatedDeltaRuleCuda08bRows6x37) {
+  time_cuda_gdn("cuda gated_delta_rule 0.8b, 6 rows x 37 tokens from one state", {37, 37, 37, 37, 36, 36}, false, 16);
 }
 
 // Question rows over a state prefix: `rows` sequences of `len` tokens, 0.8B heads 8/2/256.

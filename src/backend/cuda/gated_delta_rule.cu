@@ -1,4 +1,5 @@
-// Chunked gated delta rule (the GatedDeltaRule op, KEV_SPEC.md §5.4) for packed sequences.
+// Chunked gated delta rule (the GatedDeltaRule op, KEV_SPEC.md §5.4) for packed sequences, its
+// products on tensor cores at FP32 accuracy (3xTF32).
 //
 // Math. Per sequence and value head h (key head kh = h / (Hv/Hk)), S ∈ R^{dk×dv} starts from
 // state_in[h] (null: zero) and for each token t, with α_t = e^{g_t}:
@@ -11,7 +12,7 @@
 //   L = I + M, M_ij = β_i (k_i·k_j) D_ij (j < i), unit lower triangular;
 //   Δ = L⁻¹ R with R = diag(β)(V − diag(γ) K S₀)          (forward substitution, no inverse formed)
 //   O = diag(γ) Q S₀ + P Δ with P_ij = (q_i·k_j) D_ij (j <= i);
-//   S₀ ← γ_{C−1} S₀ + Σ_j D_{C−1,j} k_j Δ_jᵀ.
+//   S₀ ← γ_{C−1} S₀ + (diag(w) K)ᵀ Δ, w_j = D_{C−1,j}.
 // This equals the CPU FAST form (L [U | W] = [diag(β)V | diag(βγ)K], Δ = U − W S₀) because
 // Δ = L⁻¹ diag(β) V − L⁻¹ diag(βγ) K S₀; solving for Δ directly avoids the [C, dk] W solve.
 // A ragged last chunk is zero-padded (q = k = v = 0, β = 0, g = 0): padded rows add nothing to M, R,
@@ -21,6 +22,16 @@
 // the double sum keeps them exact, and each difference is rounded to FP32 only before its exp, which
 // never overflows (exponent <= 0).
 //
+// Tensor cores. Q Kᵀ, K Kᵀ, [Q;K]·S₀, P Δ and (diag(w) K)ᵀ Δ run as 3xTF32 on mma.sync.m16n8k8, as in
+// attention.cu: each FP32 operand is split into TF32 hi + lo as its fragment is read from shared
+// memory (split_tf32), and a_hi·b_hi, a_lo·b_hi, a_hi·b_lo go to three FP32 accumulators (relative
+// error near 2^-21 per product; plain TF32 fails the op tests' 1e-9 NMSE). The tensor cores'
+// accumulation truncates, so no accumulator runs over more than 64 products (kRun) from zero: the
+// dk = 128 sums are flushed into an FP32 register sum halfway, and the state update adds its fresh
+// chunk sum to γ_{C−1} S₀ in FP32. Fragment mapping (lane = 4g + t): A (16×8, row-major) a0..a3 =
+// A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; B (8×8) b0, b1 = B[t][g], B[t+4][g]; the accumulator
+// c0..c3 = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. The forward substitution stays SIMT FP32.
+//
 // Layout. q, k [n, Hk, dk] with row stride qk_token_stride; v, out [n, Hv, dv] with row strides
 // v_token_stride / out_token_stride; g, beta [n, Hv] with row stride gate_token_stride; state_in,
 // state_out [Hv, dk, dv] contiguous, key-major (S[h][i][j], i over dk, j over dv). Sequence r is rows
@@ -29,38 +40,41 @@
 // slice before writing it, and slices are disjoint).
 //
 // Launch. Two kernels. (1) gdn_chunk_products_kernel: the state-independent C×C products
-// P_ij = (q_i·k_j) D_ij (j <= i) and M_ij = β_i (k_i·k_j) D_ij (j < i) of every chunk, once per chunk
-// and value head (not once per state slice, and off the sequential path): grid (max_chunks, Hv, 2)
-// (z: P or M), 256 threads, 8 warps over the 10 lower 16×16 blocks; chunks are numbered sequence
-// by sequence and a block past the pass's last chunk returns. They go to the workspace,
+// P_ij = (q_i·k_j) D_ij (j <= i) and M_ij = β_i (k_i·k_j) D_ij (j < i) of every chunk, off the
+// sequential path: grid (max_chunks, Hk, 2) (z: Q Kᵀ or K Kᵀ), 256 threads; the raw product of a chunk
+// and key head is formed once (warp w: m16n8 tiles w, w+8, w+16 of the 10 lower 16×16 blocks) and
+// then scaled by each of the Hv/Hk value heads' decays (and β) in turn. They go to the workspace,
 // [max_chunks, Hv, 2, C, C] floats with max_chunks = (n_tokens + (C − 1)·n_seqs) / C >= Σ ceil(len_r / C)
-// (blocks above the diagonal written as zero). Shared memory: Q, K and Γ, 66.5 KiB at dk = 128.
+// (blocks above the diagonal written as zero); chunks are numbered sequence by sequence and a block
+// past the pass's last chunk returns. Q and K rows arrive by cp.async (all copies in flight at once).
+// Shared memory: Q, K and Γ, 66.5 KiB at dk = 128.
 // (2) gdn_chunked_kernel, the recurrence. Column j of S evolves using only column j of S and v (q, k,
-// g, β are shared), so the dv columns are split into slices of 32: grid (ceil(dv/32), Hv, n_seqs),
-// 256 threads, one block walking its sequence's chunks in order with its [dk, 32] state slice in
-// registers (and a shared-memory copy for the chunk products). The 4B model (Hv = 32, dv = 128) gives
-// 128 blocks for one sequence, the 0.8B (Hv = 16) 64. Each block reads its q/k/v/g/β rows once and
-// writes its out columns once. Per chunk: load (Q, K, V slice, g, β; Γ by a warp scan in double) |
-// P and M from the workspace into registers, [Q;K]·S₀ | store P and M over the dead Q and S₀ copy |
-// forward substitution (warp w owns 4 columns, 8 lanes per column, right-looking with Δ in
-// registers) | O = γQS₀ + PΔ to out, state update. Shared memory: 92.5 KiB at dk = 128 (68.75 at 64,
-// 60.75 at 32), within the 99 KiB per-block limit of sm_86/sm_89. Registers: the kernel fetches the
-// next chunk's q/k/v rows during the current one, compiled for one block per SM (up to 255
-// registers); when every sequence fits one chunk (GdnArgs::short_seqs, a pass of question rows),
-// there is nothing to fetch ahead, and a variant loading at the chunk's start is compiled for two
-// blocks per SM (128 registers, a few spilled), so the many blocks of such a pass (4B, 6 rows: 768)
-// run in half the waves. Both grids depend only on dv, Hv, n_tokens and n_seqs, never on the
-// offsets' values (CUDA graph replay); the variant is part of the recorded command's signature.
-// Work per chunk (dk = 128): ~0.65 M FMA for M and P (kernel 1), and per block of kernel 2 0.5 M for
-// [Q;K]·S₀, 0.26 M for the state update, 0.13 M for PΔ and the substitution; the S₀ products are the
-// inherently sequential part (3·dk·dv FMA per token and head). A short chunk (cn < 64: a Kev row of
-// ~40 tokens is one) skips the 16-row blocks of M and P, the [Q;K]·S₀ row groups and the
-// substitution steps that lie wholly in the zero padding, whose results are exactly zero.
-// Dtypes: FP32 in, out and state; FP32 accumulation; double only for Γ. No TF32.
+// g, β are shared), so the dv columns are split into slices of 32 (masked past dv): grid
+// (ceil(dv/32), Hv, n_seqs), 256 threads, one block walking its sequence's chunks in order with its
+// [dk, 32] state slice in registers as m16n8 accumulator tiles (warp w: dk/32 tiles of one 16-row band)
+// and an FP32 shared copy for [Q;K]·S₀. The 4B model (Hv = 32, dv = 128) gives 128 blocks for one
+// sequence, the 0.8B (Hv = 16) 64. Each block reads its q/k/v/g/β rows once and writes its out columns
+// once. Per chunk: load (Q, K, V slice, g, β; Γ by a warp scan in double) | P and M from the workspace
+// into registers; [Q;K]·S₀ (warp w: rows 16·(w%4).. of Q and of K, columns 16·(w/4)..; R written over
+// V, γQS₀ kept in registers) | store P and M over the dead Q | forward substitution (warp w owns 4
+// columns, 8 lanes per column, right-looking with Δ in registers) | O = γQS₀ + PΔ on the same tiles,
+// written to out; state update on the state tiles, S₀ copy rewritten. Shared memory (rows padded so
+// that fragment reads hit 32 banks: Q, K, P, M by 4 floats, S₀ and V/R/Δ by 8): 98.25 KiB at
+// dk = 128 (72.25 at 64, 59.25 at 32), within the 99 KiB per-block limit of sm_86/sm_89. Registers:
+// the kernel fetches the next chunk's q/k/v rows during the current one, compiled for one block per
+// SM (up to 255 registers); when every sequence fits one chunk (GdnArgs::short_seqs, a pass of
+// question rows), there is nothing to fetch ahead, and a variant loading at the chunk's start is
+// compiled for two blocks per SM (128 registers, some spilled), so the many blocks of such a pass
+// (4B, 6 rows: 768) run in half the waves. Both grids depend only on dv, Hk, Hv, n_tokens and
+// n_seqs, never on the offsets' values (CUDA graph replay); the variant is part of the recorded
+// command's signature. A short chunk (cn < 64: a Kev row of ~40 tokens is one) skips the 16-row
+// tiles of M, P, [Q;K]·S₀ and PΔ, the k-steps and the substitution steps that lie wholly in the zero
+// padding, whose results are exactly zero.
+// Dtypes: FP32 in, out and state; products 3xTF32 with FP32 accumulation; double only for Γ.
 // Preconditions (gated_delta_rule_supported): dk ∈ {32, 64, 128}, dv >= 1, Hk >= 1 divides Hv,
-// Hv <= 65535; at launch also 1 <= n_seqs <= 65535 and state_out only with n_seqs == 1. Global
-// accesses are float4 when q/k/v/out are 16-byte aligned, their row strides multiples of 4 and
-// dv % 4 == 0, scalar otherwise.
+// Hv <= 65535; at launch also 1 <= n_seqs <= 65535 and state_out only with n_seqs == 1; sm_80 or
+// newer (TF32 mma, cp.async). Global accesses are 16-byte (out: 8-byte) when q/k/v/out are 16-byte
+// aligned, their row strides multiples of 4 and dv % 4 == 0, scalar otherwise.
 #include "backend/cuda/gated_delta_rule.cuh"
 
 #include <cuda_runtime.h>
@@ -70,6 +84,11 @@
 #include <cstdint>
 
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/mma_tf32.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "gated_delta_rule.cu needs sm_80 or newer (mma.sync .tf32): set CMAKE_CUDA_ARCHITECTURES to 80 or above"
+#endif
 
 namespace kev::cuda {
 
@@ -79,49 +98,46 @@ constexpr int kChunk = kGdnChunkTokens;
 constexpr int kSlice = 32;    // state columns (of dv) per block
 constexpr int kThreads = 256;
 constexpr int kMaxGridYZ = 65535;
+// Most products one tensor-core accumulator sums from zero (64 dimensions): the FP32 accumulation
+// inside mma truncates, so longer sums are flushed into an FP32 register sum.
+constexpr int kRun = 64;
 
 constexpr int cmax(int x, int y) { return x > y ? x : y; }
 
 static_assert(kThreads == 8 * kSlice, "the substitution maps 8 lanes to each state column");
+static_assert(kChunk == 64 && kSlice == 32, "the warp tilings below assume C = 64 and 32-column slices");
 
 template <int DK>
 struct GdnLayout {
-  static constexpr int kLdQK = DK + 4;       // Q, K rows: +4 keeps float4 rows on distinct banks
-  static constexpr int kLdCC = kChunk + 1;   // M, P rows
-  static constexpr int kLdV = kSlice + 4;    // R/Δ, O rows (float4 aligned, conflict-free Δ stores)
-  static constexpr int kRowsPerThread = DK / 32;  // state rows per thread in the update
+  // Row pitches: ≡ 4 (mod 32) for matrices read as A fragments (row g, column t: 32 banks), ≡ 8 for
+  // those read as B fragments (row t, column g: 32 banks).
+  static constexpr int kLdQK = DK + 4;      // Q, K rows
+  static constexpr int kLdCC = kChunk + 4;  // P, M rows
+  static constexpr int kLdS = kSlice + 8;   // S₀ copy rows
+  static constexpr int kLdV = kSlice + 8;   // V / R / Δ rows
+  // State tiles (m16n8) per warp: the [DK, 32] slice is (DK/16)·4 tiles over 8 warps.
+  static constexpr int kTilesPerWarp = DK / 16 * (kSlice / 8) / 8;
   // Regions in floats after the double Γ[kChunk] block; each starts 16-byte aligned. Q is dead once
-  // M, P and [Q;K]·S₀ are in registers, so P and O reuse its region; M reuses the S₀ copy's region
-  // (S₀ lives in registers and is stored again by the state update, after M's last use).
-  static constexpr int kQRegion = cmax(kChunk * kLdQK, kChunk * kLdCC + kChunk * kLdV);
-  static constexpr int kSRegion = cmax(DK * kSlice, kChunk * kLdCC);
+  // [Q;K]·S₀ is in registers, so P and M are stored over it.
+  static constexpr int kQRegion = cmax(kChunk * kLdQK, 2 * kChunk * kLdCC);
   static constexpr int kQ = 0;
   static constexpr int kP = kQ;
-  static constexpr int kO = kP + kChunk * kLdCC;
+  static constexpr int kM = kP + kChunk * kLdCC;
   static constexpr int kK = kQ + kQRegion;
   static constexpr int kS = kK + kChunk * kLdQK;
-  static constexpr int kM = kS;
-  static constexpr int kR = kS + kSRegion;
+  static constexpr int kR = kS + DK * kLdS;
   static constexpr int kGam = kR + kChunk * kLdV;
   static constexpr int kBeta = kGam + kChunk;
   static constexpr int kWLast = kBeta + kChunk;
   static constexpr int kFloats = kWLast + kChunk;
   static constexpr size_t kBytes = kChunk * sizeof(double) + kFloats * sizeof(float);
-  static_assert(kO % 4 == 0 && kK % 4 == 0 && kS % 4 == 0 && kR % 4 == 0, "float4 alignment");
+  static_assert(kM % 4 == 0 && kK % 4 == 0 && kS % 4 == 0 && kR % 4 == 0, "float4 alignment");
+  static_assert(kTilesPerWarp >= 1 && 4 % kTilesPerWarp == 0, "a warp's state tiles share one 16-row band");
   // Fits the 99 KiB per-block limit of sm_86/sm_89 (sm_80: 163 KiB, sm_90: 227 KiB).
   static_assert(kBytes <= 99 * 1024, "shared memory exceeds the smallest supported per-block limit");
 };
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-
-// acc + a·b as four dependent FMAs (the plain expression compiles to a multiply, three FMAs and an add).
-__device__ __forceinline__ float fma4(const float4& a, const float4& b, float acc) {
-  return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
-}
-
-__device__ __forceinline__ float comp(const float4& v, int c) {
-  return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
-}
 
 // g and β of chunk rows lane and lane + 32 of value head h (zero past the sequence end): gate[0..1] = g,
 // gate[2..3] = β. Called by one warp.
@@ -184,11 +200,12 @@ struct GdnProductLayout {
   static_assert(kBytes <= 99 * 1024, "shared memory exceeds the smallest supported per-block limit");
 };
 
-// The state-independent chunk products (see the header comment): block (c, h, z) computes P (z = 0)
-// or M (z = 1) of chunk c and value head h into products[c][h][z] (C×C, row-major; blocks above the
-// diagonal written as zero). Blocks past the pass's last chunk return at once.
+// The state-independent chunk products (see the header comment): block (c, kh, z) computes Q Kᵀ
+// (z = 0) or K Kᵀ (z = 1) of chunk c and key head kh once, then applies each of the key head's value
+// heads' decays (and β for M) into products[c][h][z] (C×C, row-major; blocks above the diagonal
+// written as zero). Blocks past the pass's last chunk return at once.
 template <int DK>
-__global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a, float* products) {
+__global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a, bool vec, float* products) {
   using Lay = GdnProductLayout<DK>;
   constexpr int LQK = Lay::kLdQK;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -197,8 +214,8 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
   float* Ks = base + Lay::kK;
   float* Qs = base + Lay::kQ;
   float* bet = base + Lay::kBeta;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int c = blockIdx.x, h = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int c = blockIdx.x, kh = blockIdx.y;
   const bool isP = blockIdx.z == 0;
   int t0 = -1, end = 0;
   for (int r = 0, first = 0; r < a.n_seqs; ++r) {
@@ -211,64 +228,96 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
     first += n;
   }
   if (t0 < 0) return;
-  const int cn = min(kChunk, end - t0), kh = h / (a.Hv / a.Hk);
-  for (int idx = tid; idx < kChunk * DK; idx += kThreads) {
-    const int i = idx / DK, d = idx % DK;
-    float kv = 0.0f, qv = 0.0f;
-    if (i < cn) {
-      const int64_t off = static_cast<int64_t>(t0 + i) * a.qk_token_stride + static_cast<int64_t>(kh) * DK + d;
-      kv = a.k[off];
-      if (isP) qv = a.q[off];
+  const int cn = min(kChunk, end - t0), group = a.Hv / a.Hk;
+  // K (and Q for P) rows by cp.async, zero past cn: every copy is in flight at once (a plain load /
+  // store loop waits out one global latency per iteration, since the stores may alias the loads).
+  const int64_t row0 = static_cast<int64_t>(t0) * a.qk_token_stride + static_cast<int64_t>(kh) * DK;
+  if (vec) {
+    for (int idx = tid; idx < kChunk * DK / 4; idx += kThreads) {
+      const int i = idx / (DK / 4), d = 4 * (idx % (DK / 4));
+      const bool live = i < cn;
+      const int64_t off = live ? row0 + i * a.qk_token_stride + d : 0;
+      cp_async<16>(Ks + i * LQK + d, a.k + off, live);
+      if (isP) cp_async<16>(Qs + i * LQK + d, a.q + off, live);
     }
-    Ks[i * LQK + d] = kv;
-    Qs[i * LQK + d] = qv;
+  } else {
+    for (int idx = tid; idx < kChunk * DK; idx += kThreads) {
+      const int i = idx / DK, d = idx % DK;
+      const bool live = i < cn;
+      const int64_t off = live ? row0 + i * a.qk_token_stride + d : 0;
+      cp_async<4>(Ks + i * LQK + d, a.k + off, live);
+      if (isP) cp_async<4>(Qs + i * LQK + d, a.q + off, live);
+    }
   }
-  if (warp == 0) {
-    float gate[4];
-    fetch_gates(a, h, t0, end, lane, gate);
-    scan_gates(gate, lane, Gam, nullptr, bet);
-  }
+  cp_async_commit();
+  cp_async_wait_all();
   __syncthreads();
 
-  float* dst = products + (static_cast<int64_t>(c) * a.Hv + h) * 2 * kChunk * kChunk + (isP ? 0 : kChunk * kChunk);
+  // 20 m16n8 tiles (the 10 lower 16×16 blocks, two column halves each); warp w: tiles w, w + 8, w + 16.
   const float* A = isP ? Qs : Ks;
-  // The 10 lower 16×16 blocks over 8 warps; lane: rows i0, i0 + 1, columns j0 + 4m.
-  for (int b = warp; b < 10; b += 8) {
-    const int bi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3;
-    const int bj = b - bi * (bi + 1) / 2;
-    const int i0 = bi * 16 + (lane >> 2) * 2, j0 = bj * 16 + (lane & 3);
-    float acc[2][4] = {};
+  float acc[3][4] = {};
+#pragma unroll
+  for (int u = 0; u < 3; ++u) {
+    const int tile = warp + 8 * u, blk = tile >> 1;
+    const int bi = blk < 1 ? 0 : blk < 3 ? 1 : blk < 6 ? 2 : 3, bj = blk - bi * (bi + 1) / 2;
     // Rows past cn are zero padding (and bj <= bi): a block starting there is all zero.
-    const bool live = bi * 16 < cn;
-#pragma unroll 4
-    for (int d = 0; d < (live ? DK : 0); d += 4) {
-      const float4 a0 = ld4(A + i0 * LQK + d), a1 = ld4(A + (i0 + 1) * LQK + d);
+    if (tile >= 20 || 16 * bi >= cn) continue;
+    const float* arow = A + 16 * bi * LQK;
+    const float* brow = Ks + (16 * bj + 8 * (tile & 1) + g) * LQK + t;
+    float lh[4] = {}, hl[4] = {};
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const float4 kv = ld4(Ks + (j0 + 4 * m) * LQK + d);
-        acc[0][m] = fma4(a0, kv, acc[0][m]);
-        acc[1][m] = fma4(a1, kv, acc[1][m]);
+    for (int kb = 0; kb < DK; kb += kRun) {
+      float big[4] = {};
+#pragma unroll
+      for (int k0 = kb; k0 < kb + kRun && k0 < DK; k0 += 8) {
+        uint32_t ah[4], al[4], bh[2], bl[2];
+        load_a(arow + k0, LQK, g, t, ah, al);
+        load_b(brow + k0, 4, bh, bl);  // B = Kᵀ: b0 = K[j][k0 + t], b1 = K[j][k0 + t + 4]
+        mma_3xtf32(big, lh, hl, ah, al, bh, bl);
       }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[u][e] += big[e];
     }
 #pragma unroll
-    for (int ii = 0; ii < 2; ++ii) {
-      const int i = i0 + ii;
-      const double gi = Gam[i];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int j = j0 + 4 * m;
-        float val = 0.0f;
-        if (isP ? j <= i : j < i) {
-          val = acc[ii][m] * expf(static_cast<float>(gi - Gam[j]));
-          if (!isP) val *= bet[i];
-        }
-        dst[i * kChunk + j] = val;
-      }
-    }
+    for (int e = 0; e < 4; ++e) acc[u][e] += lh[e] + hl[e];
   }
-  for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
-    const int i = idx / kChunk, j = idx % kChunk;
-    if (j / 16 > i / 16) dst[idx] = 0.0f;
+
+  for (int hh = 0; hh < group; ++hh) {
+    const int h = kh * group + hh;
+    __syncthreads();  // the previous head's readers of Γ and β are done
+    if (warp == 0) {
+      float gate[4];
+      fetch_gates(a, h, t0, end, lane, gate);
+      scan_gates(gate, lane, Gam, nullptr, bet);
+    }
+    __syncthreads();
+    float* dst = products + (static_cast<int64_t>(c) * a.Hv + h) * 2 * kChunk * kChunk + (isP ? 0 : kChunk * kChunk);
+#pragma unroll
+    for (int u = 0; u < 3; ++u) {
+      const int tile = warp + 8 * u, blk = tile >> 1;
+      if (tile >= 20) continue;
+      const int bi = blk < 1 ? 0 : blk < 3 ? 1 : blk < 6 ? 2 : 3, bj = blk - bi * (bi + 1) / 2;
+      const int j = 16 * bj + 8 * (tile & 1) + 2 * t;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = 16 * bi + g + 8 * half;
+        const double gi = Gam[i];
+        float val[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          val[e] = 0.0f;
+          if (isP ? j + e <= i : j + e < i) {
+            val[e] = acc[u][2 * half + e] * expf(static_cast<float>(gi - Gam[j + e]));
+            if (!isP) val[e] *= bet[i];
+          }
+        }
+        *reinterpret_cast<float2*>(dst + i * kChunk + j) = make_float2(val[0], val[1]);
+      }
+    }
+    for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
+      const int i = idx / kChunk, j = idx % kChunk;
+      if (j / 16 > i / 16) dst[idx] = 0.0f;
+    }
   }
 }
 
@@ -279,7 +328,7 @@ template <int DK, bool kAhead>
 __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(GdnArgs a, bool vec,
                                                                                const float* products) {
   using Lay = GdnLayout<DK>;
-  constexpr int LQK = Lay::kLdQK, LCC = Lay::kLdCC, LV = Lay::kLdV, RPT = Lay::kRowsPerThread;
+  constexpr int LQK = Lay::kLdQK, LCC = Lay::kLdCC, LS = Lay::kLdS, LV = Lay::kLdV, TPW = Lay::kTilesPerWarp;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   double* Gam = reinterpret_cast<double*>(smem_raw);
   float* base = reinterpret_cast<float*>(Gam + kChunk);
@@ -289,12 +338,11 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   float* Ms = base + Lay::kM;
   float* Ps = base + Lay::kP;
   float* Rs = base + Lay::kR;  // V slice, then R, then Δ (in place)
-  float* Os = base + Lay::kO;
   float* gam = base + Lay::kGam;
   float* bet = base + Lay::kBeta;
   float* wlast = base + Lay::kWLast;
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int c0 = blockIdx.x * kSlice;
   const int h = blockIdx.y, r = blockIdx.z;
   const int kh = h / (a.Hv / a.Hk);
@@ -302,18 +350,25 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   const int begin = a.offsets[r], end = a.offsets[r + 1];
   const int chunk0 = first_chunk(a.offsets, r);
 
-  // State ownership in the update: rows [srow, srow + RPT) of dk, columns scol..scol+3 of the slice.
-  const int scol = 4 * (tid & 7), srow = (tid >> 3) * RPT;
+  // The state slice lives in registers as m16n8 accumulator tiles: warp w owns tiles w·TPW.. of the
+  // 16-row band sm0, columns 8·(sn0 + u); element e of tile u is row sm0 + g + 8·(e / 2), column
+  // 8·(sn0 + u) + 2t + e % 2.
+  const int sm0 = 16 * (warp * TPW / 4), sn0 = warp * TPW % 4;
   const int64_t state_base = static_cast<int64_t>(h) * DK * dv;
-  float s[RPT][4];
+  // All loads first, then the copy's stores: interleaved, each load would wait for the store before it.
+  float s[TPW][4];
 #pragma unroll
-  for (int ii = 0; ii < RPT; ++ii) {
+  for (int u = 0; u < TPW; ++u) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int col = c0 + scol + c;
-      s[ii][c] = (a.state_in != nullptr && col < dv) ? a.state_in[state_base + (srow + ii) * dv + col] : 0.0f;
-      Ss[(srow + ii) * kSlice + scol + c] = s[ii][c];
+    for (int e = 0; e < 4; ++e) {
+      const int row = sm0 + g + 8 * (e >> 1), col = 8 * (sn0 + u) + 2 * t + (e & 1);
+      s[u][e] = (a.state_in != nullptr && c0 + col < dv) ? a.state_in[state_base + row * dv + c0 + col] : 0.0f;
     }
+  }
+#pragma unroll
+  for (int u = 0; u < TPW; ++u) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) Ss[(sm0 + g + 8 * (e >> 1)) * LS + 8 * (sn0 + u) + 2 * t + (e & 1)] = s[u][e];
   }
   bool state_zero = a.state_in == nullptr;  // S₀ == 0 exactly: skip the S₀ products
 
@@ -351,9 +406,13 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
     if (warp == 0) fetch_gates(a, h, begin, end, lane, gate);
   }
 
+  // Tensor-core tiles of the per-chunk products: warp w covers rows mrow.. (16) of Q, K, P and the
+  // output, columns ncol.. (16, two n8 tiles) of the slice.
+  const int mrow = 16 * (warp & 3), ncol = 16 * (warp >> 2);
+
   for (int t0 = begin; t0 < end; t0 += kChunk) {
     const int cn = min(kChunk, end - t0);
-    __syncthreads();  // the previous chunk's readers of K, R, O, P and the S₀ copy are done
+    __syncthreads();  // the previous chunk's readers of K, Δ and P are done
 
     // ---- load the chunk (zero padded to kChunk rows) ----
     if (vec) {
@@ -394,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
     __syncthreads();
 
     // ---- fetch this chunk's P and M (gdn_chunk_products_kernel) into registers; [Q;K]·S₀ ----
-    // They are stored over Q and the S₀ copy once those are dead; the loads overlap [Q;K]·S₀.
+    // They are stored over Q once it is dead; the loads overlap [Q;K]·S₀.
     constexpr int kMP4 = 2 * kChunk * kChunk / 4 / kThreads;
     float4 mp[kMP4];
     {
@@ -403,56 +462,61 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
 #pragma unroll
       for (int u = 0; u < kMP4; ++u) mp[u] = ld4(src + 4 * (tid + u * kThreads));
     }
-    // Rows 4·rg.. of the stacked [Q; K] (rg < 16: Q, else K) times S₀'s columns xcol..xcol+3.
-    const int xcol = 4 * (tid & 7), xrg = tid >> 3;
-    const bool xq = xrg < 16;
-    const int xi0 = 4 * (xrg & 15);
-    float x[4][4] = {};
-    if (!state_zero && xi0 < cn) {  // padded rows (>= cn) are zero
-      const float* A = (xq ? Qs : Ks) + xi0 * LQK;
-#pragma unroll 2
-      for (int d = 0; d < DK; d += 4) {
-        float4 av[4], sv[4];
+    // x[0] = Q S₀, x[1] = K S₀ on this warp's tiles (3xTF32; padded rows >= cn are zero).
+    float x[2][2][4] = {};
+    if (!state_zero && mrow < cn) {
+      float lh[2][2][4] = {}, hl[2][2][4] = {};
 #pragma unroll
-        for (int ii = 0; ii < 4; ++ii) av[ii] = ld4(A + ii * LQK + d);
+      for (int kb = 0; kb < DK; kb += kRun) {
+        float big[2][2][4] = {};
 #pragma unroll
-        for (int dd = 0; dd < 4; ++dd) sv[dd] = ld4(Ss + (d + dd) * kSlice + xcol);
+        for (int k0 = kb; k0 < kb + kRun && k0 < DK; k0 += 8) {
+          uint32_t ah[2][4], al[2][4];
+          load_a(Qs + mrow * LQK + k0, LQK, g, t, ah[0], al[0]);
+          load_a(Ks + mrow * LQK + k0, LQK, g, t, ah[1], al[1]);
 #pragma unroll
-        for (int ii = 0; ii < 4; ++ii) {
+          for (int n = 0; n < 2; ++n) {
+            uint32_t bh[2], bl[2];
+            load_b(Ss + (k0 + t) * LS + ncol + 8 * n + g, 4 * LS, bh, bl);
 #pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const float4 sc4 = make_float4(comp(sv[0], c), comp(sv[1], c), comp(sv[2], c), comp(sv[3], c));
-            x[ii][c] = fma4(av[ii], sc4, x[ii][c]);
+            for (int m = 0; m < 2; ++m) mma_3xtf32(big[m][n], lh[m][n], hl[m][n], ah[m], al[m], bh, bl);
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) x[m][n][e] += big[m][n][e];
           }
         }
       }
-    }
-    if (!xq) {  // R = diag(β)(V − diag(γ) K S₀), in place over V (not aliased with Q or S₀)
 #pragma unroll
-      for (int ii = 0; ii < 4; ++ii) {
-        const int i = xi0 + ii;
+      for (int m = 0; m < 2; ++m) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          float* rv = Rs + i * LV + xcol + c;
-          *rv = bet[i] * (*rv - gam[i] * x[ii][c]);
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) x[m][n][e] += lh[m][n][e] + hl[m][n][e];
         }
       }
     }
+    // R = diag(β)(V − diag(γ) K S₀) in place over V; x[0] becomes diag(γ) Q S₀, the output's first term.
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = mrow + g + 8 * (e >> 1), col = ncol + 8 * n + 2 * t + (e & 1);
+        float* rv = Rs + i * LV + col;
+        *rv = bet[i] * (*rv - gam[i] * x[1][n][e]);
+        x[0][n][e] *= gam[i];
+      }
+    }
     if (tid < kChunk) wlast[tid] = expf(static_cast<float>(Gam[kChunk - 1] - Gam[tid]));
-    __syncthreads();  // Q and the S₀ copy are dead: store P, O and M over them
+    __syncthreads();  // Q is dead: store P and M over it
 #pragma unroll
     for (int u = 0; u < kMP4; ++u) {
       const int e = 4 * (tid + u * kThreads), mat = e / (kChunk * kChunk), i = (e / kChunk) % kChunk, j = e % kChunk;
-      float* dst = (mat == 0 ? Ps : Ms) + i * LCC + j;
-      dst[0] = mp[u].x, dst[1] = mp[u].y, dst[2] = mp[u].z, dst[3] = mp[u].w;
-    }
-    if (xq) {  // O = diag(γ) Q S₀
-#pragma unroll
-      for (int ii = 0; ii < 4; ++ii) {
-        const int i = xi0 + ii;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) Os[i * LV + xcol + c] = gam[i] * x[ii][c];
-      }
+      *reinterpret_cast<float4*>((mat == 0 ? Ps : Ms) + i * LCC + j) = mp[u];
     }
     __syncthreads();
 
@@ -490,60 +554,72 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
     }
     __syncthreads();
 
-    // ---- O = γQS₀ + PΔ, written to out ----
-    {
-      const int ocol = 4 * (tid & 7), i0 = 2 * (tid >> 3);
-      float o[2][4];
+    // ---- O = γQS₀ + PΔ on this warp's tiles, written to out ----
+    // P is zero right of the 16-row diagonal block and Δ past cn, so k runs to min(mrow + 16, cn).
+    if (mrow < cn) {
+      float big[2][4] = {}, lh[2][4] = {}, hl[2][4] = {};
+      const int kend = min(mrow + 16, cn);
+      for (int k0 = 0; k0 < kend; k0 += 8) {
+        uint32_t ah[4], al[4];
+        load_a(Ps + mrow * LCC + k0, LCC, g, t, ah, al);
 #pragma unroll
-      for (int ii = 0; ii < 2; ++ii) {
-        const float4 v = ld4(Os + (i0 + ii) * LV + ocol);
-        o[ii][0] = v.x, o[ii][1] = v.y, o[ii][2] = v.z, o[ii][3] = v.w;
+        for (int n = 0; n < 2; ++n) {
+          uint32_t bh[2], bl[2];
+          load_b(Rs + (k0 + t) * LV + ncol + 8 * n + g, 4 * LV, bh, bl);
+          mma_3xtf32(big[n], lh[n], hl[n], ah, al, bh, bl);
+        }
       }
-      const int jend = min(i0 + 2, cn);  // P is zero above the diagonal and Δ is zero past cn
-      for (int j = 0; j < jend; ++j) {
-        const float4 dj = ld4(Rs + j * LV + ocol);
-        const float p0 = Ps[i0 * LCC + j], p1 = Ps[(i0 + 1) * LCC + j];
-        o[0][0] += p0 * dj.x, o[0][1] += p0 * dj.y, o[0][2] += p0 * dj.z, o[0][3] += p0 * dj.w;
-        o[1][0] += p1 * dj.x, o[1][1] += p1 * dj.y, o[1][2] += p1 * dj.z, o[1][3] += p1 * dj.w;
-      }
 #pragma unroll
-      for (int ii = 0; ii < 2; ++ii) {
-        const int i = i0 + ii;
-        if (i >= cn) continue;
-        float* dst = a.out + static_cast<int64_t>(t0 + i) * a.out_token_stride + static_cast<int64_t>(h) * dv + c0;
-        if (vec) {
-          if (c0 + ocol < dv) *reinterpret_cast<float4*>(dst + ocol) = make_float4(o[ii][0], o[ii][1], o[ii][2], o[ii][3]);
-        } else {
+      for (int n = 0; n < 2; ++n) {
+        const int col = c0 + ncol + 8 * n + 2 * t;
 #pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            if (c0 + ocol + c < dv) dst[ocol + c] = o[ii][c];
+        for (int half = 0; half < 2; ++half) {
+          const int i = mrow + g + 8 * half;
+          if (i >= cn) continue;
+          float o[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) o[e] = x[0][n][2 * half + e] + (big[n][2 * half + e] + (lh[n][2 * half + e] + hl[n][2 * half + e]));
+          float* dst = a.out + static_cast<int64_t>(t0 + i) * a.out_token_stride + static_cast<int64_t>(h) * dv + col;
+          if (vec) {
+            if (col < dv) *reinterpret_cast<float2*>(dst) = make_float2(o[0], o[1]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              if (col + e < dv) dst[e] = o[e];
+            }
           }
         }
       }
     }
 
-    // ---- S₀ ← γ_{C−1} S₀ + Σ_j D_{C−1,j} k_j Δ_jᵀ (skipped after the last chunk unless wanted) ----
+    // ---- S₀ ← γ_{C−1} S₀ + (diag(w) K)ᵀ Δ, w_j = D_{C−1,j} (skipped after the last chunk unless wanted) ----
     if (t0 + kChunk < end || a.state_out != nullptr) {
-      const float gl = gam[kChunk - 1];
+      float big[TPW][4] = {}, lh[TPW][4] = {}, hl[TPW][4] = {};
+      for (int k0 = 0; k0 < cn; k0 += 8) {
+        // A fragment of (diag(w) K)ᵀ, rows sm0.. of dk: A[i][j] = K[j][sm0 + i]·w_j, read down K's columns.
+        const float* kc = Ks + (k0 + t) * LQK + sm0 + g;
+        const float w0 = wlast[k0 + t], w1 = wlast[k0 + t + 4];
+        uint32_t ah[4], al[4];
+        split_tf32(kc[0] * w0, ah[0], al[0]);
+        split_tf32(kc[8] * w0, ah[1], al[1]);
+        split_tf32(kc[4 * LQK] * w1, ah[2], al[2]);
+        split_tf32(kc[4 * LQK + 8] * w1, ah[3], al[3]);
 #pragma unroll
-      for (int ii = 0; ii < RPT; ++ii) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) s[ii][c] *= gl;
-      }
-      for (int j = 0; j < cn; ++j) {
-        const float4 dj = ld4(Rs + j * LV + scol);
-        const float w = wlast[j];
-#pragma unroll
-        for (int ii = 0; ii < RPT; ++ii) {
-          const float kw = Ks[j * LQK + srow + ii] * w;
-          s[ii][0] += kw * dj.x, s[ii][1] += kw * dj.y, s[ii][2] += kw * dj.z, s[ii][3] += kw * dj.w;
+        for (int u = 0; u < TPW; ++u) {
+          uint32_t bh[2], bl[2];
+          load_b(Rs + (k0 + t) * LV + 8 * (sn0 + u) + g, 4 * LV, bh, bl);
+          mma_3xtf32(big[u], lh[u], hl[u], ah, al, bh, bl);
         }
       }
-      // Overwrites M (dead since the substitution's barrier); the next chunk's [Q;K]·S₀ reads it.
+      // The S₀ copy was last read by [Q;K]·S₀ (two barriers ago); the next chunk reads it after its first barrier.
+      const float gl = gam[kChunk - 1];
 #pragma unroll
-      for (int ii = 0; ii < RPT; ++ii) {
+      for (int u = 0; u < TPW; ++u) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) Ss[(srow + ii) * kSlice + scol + c] = s[ii][c];
+        for (int e = 0; e < 4; ++e) {
+          s[u][e] = fmaf(gl, s[u][e], big[u][e] + (lh[u][e] + hl[u][e]));
+          Ss[(sm0 + g + 8 * (e >> 1)) * LS + 8 * (sn0 + u) + 2 * t + (e & 1)] = s[u][e];
+        }
       }
       state_zero = false;
     }
@@ -551,11 +627,11 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
 
   if (a.state_out != nullptr) {
 #pragma unroll
-    for (int ii = 0; ii < RPT; ++ii) {
+    for (int u = 0; u < TPW; ++u) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int col = c0 + scol + c;
-        if (col < dv) a.state_out[state_base + (srow + ii) * dv + col] = s[ii][c];
+      for (int e = 0; e < 4; ++e) {
+        const int row = sm0 + g + 8 * (e >> 1), col = c0 + 8 * (sn0 + u) + 2 * t + (e & 1);
+        if (col < dv) a.state_out[state_base + row * dv + col] = s[u][e];
       }
     }
   }
@@ -585,8 +661,8 @@ cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
   if (product_attr != cudaSuccess) return product_attr;
   const int64_t chunks = max_chunks(a);
   if (chunks > 0) {
-    gdn_chunk_products_kernel<DK><<<dim3(static_cast<unsigned>(chunks), a.Hv, 2), kThreads, product_bytes, stream>>>(
-        a, products);
+    gdn_chunk_products_kernel<DK><<<dim3(static_cast<unsigned>(chunks), a.Hk, 2), kThreads, product_bytes, stream>>>(
+        a, vectorizable(a), products);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }

@@ -207,10 +207,11 @@ const MatmulEdge kMatmulEdges[] = {
     {"small_short_pass", 250, 1024, 1030, true, 0, 0},    // Kev's short-pass shape: 4×17 tiles of 64
     {"small_many_tiles", 1000, 40, 1000, true, 0, 0},     // 16×16 tiles of 64 (8×8 = 64 of 128)
     {"small_ragged_wide", 700, 130, 1500, true, 3, 2},    // 11×24 tiles of 64, 6×12 = 72 of 128
-    {"big_at_threshold", 1100, 40, 1900, false, 2, 0}, // 9×15 = 135 tiles of 128: just over the big kernel's 128
+    {"small_under_threshold", 2187, 40, 1024, true, 0, 0},  // long's 18×8 = 144 tiles of 128: the 64×64 kernel
+    {"big_at_threshold", 1100, 40, 3800, false, 2, 0},  // 9×30 = 270 tiles of 128: just over the big kernel's 264
     {"big_ragged", 2050, 19, 2100, true, 0, 0},      // 17×17 tiles of 128: the big kernel, edges on both sides
     {"big_strided", 2049, 37, 2053, false, 5, 3},    // x and out row-strided views
-    {"big_exact", 2048, 48, 2048, true, 0, 0},       // exactly 16×16 tiles, k a multiple of 16
+    {"big_exact", 2048, 48, 2304, true, 0, 0},       // exactly 16×18 tiles, k a multiple of 16
     {"big_tall", 4100, 260, 1030, false, 0, 0},      // 33×9 tiles, k across 17 steps with a ragged tail
 };
 
@@ -298,7 +299,9 @@ TEST(WebGpu, MatmulRowsDoNotDependOnThePassOrTheKernel) {
 TEST(WebGpu, DISABLED_MatmulTiming) {
   REQUIRE_WEBGPU(gpu);
   std::vector<std::shared_ptr<Buffer>> keep;
-  const int64_t shapes[][3] = {{256, 1024, 1024}, {250, 1024, 6144}, {2048, 1024, 3584}, {1, 1024, 3584}};  // n, k, m
+  // n, k, m; 2187 × 3584 × 1024 is long's MLP down projection (144 tiles of 128×128).
+  const int64_t shapes[][3] = {
+      {256, 1024, 1024}, {250, 1024, 6144}, {2048, 1024, 3584}, {2187, 3584, 1024}, {1, 1024, 3584}};
   for (const auto& s : shapes) {
     const int64_t n = s[0], k = s[1], m = s[2];
     const std::vector<float> x = random_floats(n * k, 21), w = random_floats(m * k, 22, 0.03f);
@@ -395,6 +398,11 @@ struct GdnEdge {
 const GdnEdge kGdnEdges[] = {
     {"long_spiky_from_state", 1, 2, 128, 128, {1000}, true, true, true, 0},   // 16 chunks
     {"long_fresh_dv42", 2, 4, 64, 42, {700}, false, true, false, 0},  // 11 chunks, last dv slices partial
+    // dk not a multiple of the recurrence's 32-load batches, so W S ends in single steps (dk 100: the
+    // second half's 36 dims, one batch and 4 steps; dk 20: all single steps), as does the update over
+    // a last chunk shorter than a batch (150 = 2·64 + 22, 90 = 64 + 26).
+    {"dk100_from_state", 1, 2, 100, 24, {150}, true, true, false, 0},
+    {"dk20_fresh", 2, 2, 20, 36, {90, 150}, false, false, false, 0},
     // 4 value heads × 147,968-byte regions: 5 chunks per 3 MiB group, so groups 130+65 | 200+64 | 1.
     {"groups_at_binding_limit", 2, 4, 128, 128, {130, 65, 200, 64, 1}, true, false, false, uint64_t{3} << 20},
     // Same 5-chunk capacity: 700 tokens = 11 chunks in segments of 5, 5, 1 (from a state, spiky, with
@@ -439,9 +447,9 @@ TEST(WebGpu, GdnRefusesAChunkOverTheBindingLimit) {
   EXPECT_NE(s.to_string().find("storage binding limit is 524288"), std::string::npos) << s.to_string();
 }
 
-// Timing of the attention kernel at Kev's passes (0.8B heads 8/2/256): a causal prefill without a
-// prefix and packed question rows over a long prefix (key splits). Not a benchmark protocol; on
-// lavapipe the numbers only show work reduction. Run with
+// Timing of the attention kernel at Kev's passes (0.8B heads 8/2/256): causal prefills without a
+// prefix (short, 700 and long's 2,187 tokens) and packed question rows over a long prefix (key
+// splits). Not a benchmark protocol; on lavapipe the numbers only show work reduction. Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='WebGpu.DISABLED_AttentionTiming'
 TEST(WebGpu, DISABLED_AttentionTiming) {
   REQUIRE_WEBGPU(gpu);
@@ -450,7 +458,7 @@ TEST(WebGpu, DISABLED_AttentionTiming) {
     int64_t Ls, rows, len;
   };
   const int64_t H = 8, Hkv = 2, hd = 256;
-  for (const Pass& s : {Pass{0, 1, 250}, Pass{250, 6, 37}, Pass{0, 1, 700}, Pass{2187, 5, 40}}) {
+  for (const Pass& s : {Pass{0, 1, 250}, Pass{250, 6, 37}, Pass{0, 1, 700}, Pass{0, 1, 2187}, Pass{2187, 5, 40}}) {
     const int64_t n = s.rows * s.len;
     SeqLayout layout;
     for (int64_t r = 0; r < s.rows; ++r) layout.offsets.push_back(static_cast<int32_t>((r + 1) * s.len));

@@ -17,9 +17,13 @@
 // a large GPU for the 0.8b shapes, and halve each invocation's serial work. Invocation
 // (half, rg, cq) = (lid/128, lid/2 % 64, lid%2) owns columns 4cq..4cq+3 of the slice (vec4
 // registers): the part of row rg of W S over dims 64·half .. 64·half + 63, and row lid/2 of S. A warp
-// reads 16 consecutive rows of Wᵀ per load. Per chunk: W S (at most 64 FMAs), one barrier, the update
-// (cn FMAs, Δ_j = U_j − (both halves of W S)_j read from workgroup memory), one barrier. Workgroup
-// memory: S[dk×8] (4 KiB), U and the two W S halves [64×8] (2 KiB each): 10 KiB. FP32 throughout.
+// reads 16 consecutive rows of Wᵀ per load. Per chunk: W S (at most 64 FMAs), one barrier; the
+// half-0 invocations form Δ row rg (U, dlast and γ were loaded before the W S loop), store it and
+// put dlast_rg·Δ_rg in workgroup memory, one barrier; the update (cn FMAs), one barrier. The walk is
+// bound by the latency of its global loads, not by FMAs, so the W and k loads go in batches of 32
+// independent loads ahead of their FMAs (one latency per 32 steps instead of one per step).
+// Workgroup memory: S[dk×8] (4 KiB), the two W S halves [2×64×8] (4 KiB), dlast·Δ [64×8] (2 KiB):
+// 10 KiB. FP32 throughout.
 
 struct Params {
   hk: u32, hv: u32, dk: u32, dv: u32,
@@ -37,12 +41,13 @@ struct Params {
 
 const C: u32 = 64u;
 const VS: u32 = 8u;
+const B: u32 = 32u;  // loads in flight per batch (the batch bodies below are written out for 32)
 
 // All only ever written as whole vec4s: WGSL lets a write to one component access the whole vector,
 // so invocations writing neighbouring components would race.
 var<workgroup> S: array<vec4<f32>, 256>;      // [dk][VS/4]
-var<workgroup> u_sh: array<vec4<f32>, 128>;   // U [C][VS/4]
 var<workgroup> ws_sh: array<vec4<f32>, 256>;  // W S over dims 64·half.., [half][C][VS/4]
+var<workgroup> dd_sh: array<vec4<f32>, 128>;  // dlast_j Δ_j, [C][VS/4]
 var<workgroup> n_chunks_wg: u32;
 
 // Row `row` of S (columns c0 .. c0 + n_cols − 1) to the S slot of chunk region `base`.
@@ -51,6 +56,78 @@ fn store_state(base: u32, row: u32, c0: u32, n_cols: u32, sv: vec4<f32>) {
   for (var e = 0u; e < n_cols; e++) {
     scratch[at + e] = sv[e];
   }
+}
+
+// acc + Σ_{i<4} a[i]·rows[at + 2i] (rows: S or dlast·Δ, two quads per row).
+fn fma_rows(a: vec4<f32>, rows_at: u32, from_s: bool, acc: vec4<f32>) -> vec4<f32> {
+  if (from_s) {
+    return fma(vec4<f32>(a.w), S[rows_at + 6u], fma(vec4<f32>(a.z), S[rows_at + 4u],
+               fma(vec4<f32>(a.y), S[rows_at + 2u], fma(vec4<f32>(a.x), S[rows_at], acc))));
+  }
+  return fma(vec4<f32>(a.w), dd_sh[rows_at + 6u], fma(vec4<f32>(a.z), dd_sh[rows_at + 4u],
+             fma(vec4<f32>(a.y), dd_sh[rows_at + 2u], fma(vec4<f32>(a.x), dd_sh[rows_at], acc))));
+}
+
+// Four scratch values at stride st from `at`.
+fn scratch4(at: u32, st: u32) -> vec4<f32> {
+  return vec4<f32>(scratch[at], scratch[at + st], scratch[at + 2u * st], scratch[at + 3u * st]);
+}
+
+// Four k values of consecutive tokens from `at`.
+fn k_rows4(at: u32) -> vec4<f32> {
+  return vec4<f32>(k[at], k[at + p.k_st0], k[at + 2u * p.k_st0], k[at + 3u * p.k_st0]);
+}
+
+// acc + Σ_{d0 <= d < d1} Wᵀ[d][rg] S[d][cq-th quad], with Wᵀ[d][rg] at w_at + d·C.
+fn w_times_s(w_at: u32, d0: u32, d1: u32, cq: u32, acc: vec4<f32>) -> vec4<f32> {
+  var ws = acc;
+  var d = d0;
+  for (; d + B <= d1; d += B) {
+    let a = w_at + d * C;
+    let w0 = scratch4(a, C);
+    let w1 = scratch4(a + 4u * C, C);
+    let w2 = scratch4(a + 8u * C, C);
+    let w3 = scratch4(a + 12u * C, C);
+    let w4 = scratch4(a + 16u * C, C);
+    let w5 = scratch4(a + 20u * C, C);
+    let w6 = scratch4(a + 24u * C, C);
+    let w7 = scratch4(a + 28u * C, C);
+    let at = d * 2u + cq;
+    ws = fma_rows(w3, at + 24u, true, fma_rows(w2, at + 16u, true,
+                  fma_rows(w1, at + 8u, true, fma_rows(w0, at, true, ws))));
+    ws = fma_rows(w7, at + 56u, true, fma_rows(w6, at + 48u, true,
+                  fma_rows(w5, at + 40u, true, fma_rows(w4, at + 32u, true, ws))));
+  }
+  for (; d < d1; d++) {
+    ws = fma(vec4<f32>(scratch[w_at + d * C]), S[d * 2u + cq], ws);
+  }
+  return ws;
+}
+
+// acc + Σ_{j < cn} k[t0 + j][kd] (dlast_j Δ_j)[cq-th quad], with k[t0 + j][kd] at k_at + j·k_st0.
+fn k_times_delta(k_at: u32, cn: u32, cq: u32, acc: vec4<f32>) -> vec4<f32> {
+  var sv = acc;
+  var j = 0u;
+  for (; j + B <= cn; j += B) {
+    let a = k_at + j * p.k_st0;
+    let k0 = k_rows4(a);
+    let k1 = k_rows4(a + 4u * p.k_st0);
+    let k2 = k_rows4(a + 8u * p.k_st0);
+    let k3 = k_rows4(a + 12u * p.k_st0);
+    let k4 = k_rows4(a + 16u * p.k_st0);
+    let k5 = k_rows4(a + 20u * p.k_st0);
+    let k6 = k_rows4(a + 24u * p.k_st0);
+    let k7 = k_rows4(a + 28u * p.k_st0);
+    let at = j * 2u + cq;
+    sv = fma_rows(k3, at + 24u, false, fma_rows(k2, at + 16u, false,
+                  fma_rows(k1, at + 8u, false, fma_rows(k0, at, false, sv))));
+    sv = fma_rows(k7, at + 56u, false, fma_rows(k6, at + 48u, false,
+                  fma_rows(k5, at + 40u, false, fma_rows(k4, at + 32u, false, sv))));
+  }
+  for (; j < cn; j++) {
+    sv = fma(vec4<f32>(k[k_at + j * p.k_st0]), dd_sh[j * 2u + cq], sv);
+  }
+  return sv;
 }
 
 @compute @workgroup_size(256)
@@ -92,7 +169,6 @@ fn recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
   if (p.has_state_in != 0u && n_chunks > 0u && has_row) {
     store_state((first_chunk * p.hv + h) * p.region, row, c0, n_cols, sv);
   }
-  let kb = p.k_off + kh * p.k_st1;
   // Rows of S past dk read k at row dk − 1, and their sums are never stored.
   let kd = min(row, p.dk - 1u);
   let d_begin = 64u * half;
@@ -105,39 +181,36 @@ fn recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let dl_at = gam_at + C;
     let t0 = t_begin + ch * C;
     let cn = min(C, len - ch * C);
-    // This half of W S for row rg (rows >= cn of Wᵀ are zero, so they are skipped).
-    var ws = vec4<f32>(0.0);
-    if ((ch > 0u || p.has_state_in != 0u) && rg < cn) {
-      for (var d = d_begin; d < d_end; d++) {
-        ws = fma(vec4<f32>(scratch[w_at + d * C + rg]), S[d * 2u + cq], ws);
-      }
-    }
-    ws_sh[lid] = ws;
+    // Loads that do not wait for S go first, so their latency overlaps the W S loop.
+    let gam = scratch[gam_at + cn - 1u];
+    var uv = vec4<f32>(0.0);
+    var dl = 0.0;
     if (half == 0u) {
-      var uv = vec4<f32>(0.0);
       for (var e = 0u; e < n_cols; e++) {
         uv[e] = scratch[u_at + rg * p.dv + c0 + e];
       }
-      u_sh[rg * 2u + cq] = uv;
+      dl = scratch[dl_at + rg];
     }
+    // This half of W S for row rg (rows >= cn of Wᵀ are zero, so they are skipped).
+    var ws = vec4<f32>(0.0);
+    if ((ch > 0u || p.has_state_in != 0u) && rg < cn) {
+      ws = w_times_s(w_at + rg, d_begin, d_end, cq, ws);
+    }
+    ws_sh[lid] = ws;
     workgroupBarrier();
-    // Δ = U − W S (zero in rows >= cn), in place of U for part 3.
+    // Δ = U − W S (zero in rows >= cn), in place of U for part 3; dlast·Δ for the update.
     if (half == 0u) {
-      let dlt = u_sh[lid] - (ws_sh[lid] + ws_sh[lid + 128u]);
+      let dlt = uv - (ws + ws_sh[lid + 128u]);
       for (var e = 0u; e < n_cols; e++) {
         scratch[u_at + rg * p.dv + c0 + e] = dlt[e];
       }
+      dd_sh[lid] = dl * dlt;
     }
+    workgroupBarrier();
     // S ← γ_{cn−1} S + Kᵀ diag(dlast) Δ over j < cn, unless it is dead. Every read of S by other
-    // invocations (W S) came before the barrier above.
+    // invocations (W S) came before the barriers above.
     if (ch + 1u < n_chunks || p.has_state_out != 0u) {
-      sv *= scratch[gam_at + cn - 1u];
-      for (var j = 0u; j < cn; j++) {
-        let e = j * 2u + cq;
-        let dj = u_sh[e] - (ws_sh[e] + ws_sh[e + 128u]);
-        let dk_j = scratch[dl_at + j] * k[kb + (t0 + j) * p.k_st0 + kd];
-        sv = fma(vec4<f32>(dk_j), dj, sv);
-      }
+      sv = k_times_delta(p.k_off + kh * p.k_st1 + t0 * p.k_st0 + kd, cn, cq, sv * gam);
       if (has_row) {
         S[row * 2u + cq] = sv;
         if (ch + 1u < n_chunks) {

@@ -29,7 +29,7 @@ constexpr int64_t kAttnMaxSplits = 16;
 constexpr int64_t kAttnMinSplitTiles = 2;
 constexpr uint64_t kMatmulTile = 128;            // output tile edge of matmul.wgsl's `matmul`
 constexpr uint64_t kMatmulSmallTile = 64;        // ... of its `matmul_small`
-constexpr uint64_t kMatmulMinLargeTiles = 128;   // `matmul` from this many 128×128 output tiles
+constexpr uint64_t kMatmulMinLargeTiles = 264;   // `matmul` from this many 128×128 output tiles
 constexpr int64_t kMatmulMaxRows = 8;        // rows of `matmul_rows` (one x row per 16 invocations)
 constexpr uint64_t kMatmulRowsColumns = 16;  // output columns per `matmul_rows` workgroup
 
@@ -484,10 +484,13 @@ Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bia
       KEV_TRY(dispatch(kOp, kMatmulRows, &p, sizeof p, {bx.b, part.bw.b, bb.b, bo.b}, p.tiles_m));
       continue;
     }
-    // 128×128 tiles where there are about enough of them to fill a large GPU (an H200 has 132
-    // multiprocessors), else 64×64 tiles. Measured on the H200 (docs/backends.md): a double-buffered
-    // 128×128 kernel (32 KiB) ran at 13 TFLOP/s against this one's 24, and 32×64 tiles for the
-    // smallest outputs gained nothing over 64×64.
+    // 128×128 tiles where there are enough of them to fill a large GPU (an H200 has 132
+    // multiprocessors, each running two such workgroups), else 64×64 tiles. Measured on the H200
+    // (docs/backends.md): long's 2,187 × 1,024 outputs (144 tiles of 128, half the GPU's slots) ran
+    // at 13 TFLOP/s as 128×128 tiles, and the prefill took 9 ms less with them as 64×64 tiles (the
+    // threshold at 264 instead of 128); a double-buffered 128×128 kernel (32 KiB) ran at 13 TFLOP/s
+    // against this one's 24 at 4096³, and 32×64 tiles for the smallest outputs gained nothing over
+    // 64×64.
     const bool large = ceil_div(n, kMatmulTile) * ceil_div(part.cols, kMatmulTile) >= kMatmulMinLargeTiles;
     const uint64_t tile = large ? kMatmulTile : kMatmulSmallTile;
     p.tiles_m = u32(ceil_div(part.cols, tile));

@@ -393,6 +393,108 @@ TEST_P(CudaMatmulShare, ConsecutiveProjectionsShareTheInputCopyUntilItChanges) {
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaMatmulShare, ::testing::Values(DType::BF16, DType::F16),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
+// A producer (norm, swiglu, sigmoid_mul) recorded right before an F16-weight matmul whose x is exactly
+// its out writes the matmul's FP16 input itself (cuda_backend.cpp, norms.cu, elementwise.cu); the
+// product and the producer's outputs must keep the bits of the separate conversion, which a
+// synchronize() between the two ops forces (the matmul then starts a new pass). The fused pass runs
+// three times (direct, captured, replayed). Cases: add_rms_norm on wide rows (the 128-thread row
+// kernel) and on 256-float rows (the warp kernel); rms_norm_gated in place on [n, Hv, dv] with the
+// matmul over [n, Hv·dv] (a block of Hv warps per GEMM row); swiglu; sigmoid_mul in place on
+// [n, H, hd] (a GEMM row of H rows); gains and magnitudes that put rows at 1e-6 ... 1e6 (outside
+// FP16's range, so row-scaled); and matmuls whose x is NOT the producer's out (another tensor; the
+// first half of each out row), where the producer must stay as it was.
+enum class Producer { AddRmsNorm, RmsNormGated, Swiglu, SigmoidMul };
+struct ProducerMatmulCase {
+  const char* name;
+  Producer producer;
+  int64_t n, heads, d, m;
+  float gain;         // add_rms_norm: (1 + w) ~ gain; gated: w ~ gain
+  bool spread_rows;   // token t's rows ~ 10^(t mod 13 − 6) (through the gate, up or x)
+  int x_is;           // 0: the producer's out; 1: another tensor; 2: the first half of each out row
+};
+
+TEST(CudaMatmul, ProducerWritingTheF16InputKeepsTheBits) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  using testing::make_f32;
+  using testing::randn;
+  const ProducerMatmulCase cases[] = {
+      {"add_rms_norm wide", Producer::AddRmsNorm, 37, 1, 2560, 96, 1.0f, false, 0},
+      {"add_rms_norm wide, tiny gain", Producer::AddRmsNorm, 37, 1, 1024, 64, 1e-6f, false, 0},
+      {"add_rms_norm wide, huge gain", Producer::AddRmsNorm, 5, 1, 1024, 64, 1e6f, false, 0},
+      {"add_rms_norm 256", Producer::AddRmsNorm, 29, 1, 256, 80, 1.0f, false, 0},
+      {"rms_norm_gated 4b", Producer::RmsNormGated, 26, 32, 128, 96, 1.0f, true, 0},
+      {"rms_norm_gated tiny", Producer::RmsNormGated, 13, 4, 32, 48, 0.5f, true, 0},
+      {"swiglu 4b", Producer::Swiglu, 26, 1, 9216, 64, 1.0f, true, 0},
+      {"swiglu small", Producer::Swiglu, 7, 1, 100, 48, 1.0f, false, 0},
+      {"sigmoid_mul 4b", Producer::SigmoidMul, 26, 16, 256, 64, 1.0f, true, 0},
+      {"add_rms_norm, other x", Producer::AddRmsNorm, 21, 1, 1024, 64, 1.0f, false, 1},
+      {"add_rms_norm, half rows", Producer::AddRmsNorm, 21, 1, 1024, 64, 1.0f, false, 2},
+      {"rms_norm_gated, other x", Producer::RmsNormGated, 13, 32, 128, 64, 1.0f, true, 1},
+      {"swiglu, half rows", Producer::Swiglu, 13, 1, 2048, 64, 1.0f, false, 2},
+  };
+  for (const ProducerMatmulCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const bool in_place = c.producer == Producer::RmsNormGated || c.producer == Producer::SigmoidMul;
+    const int64_t n = c.n, rows = n * c.heads, d = c.d, k_full = c.heads * d;
+    const int64_t k = c.x_is == 2 ? k_full / 2 : k_full;
+    std::vector<float> xv = randn(static_cast<size_t>(rows * d), 1.0f, 61), yv = randn(xv.size(), 1.0f, 62);
+    if (c.spread_rows) {
+      // The gated norm's SiLU(z) ~ z for large z and ~ z / 2 for small; swiglu's up and sigmoid_mul's x
+      // scale the product directly.
+      std::vector<float>& v = c.producer == Producer::SigmoidMul ? xv : yv;
+      for (int64_t t = 0; t < n; ++t) {
+        const float mag = std::pow(10.0f, static_cast<float>(t % 13 - 6));
+        for (int64_t j = 0; j < k_full; ++j) {
+          float& e = v[static_cast<size_t>(t * k_full + j)];
+          e = c.producer == Producer::RmsNormGated ? mag * (1.0f + 0.5f * std::fabs(e)) : mag * e;
+        }
+      }
+    }
+    std::vector<float> wv = randn(static_cast<size_t>(d), 0.1f, 63);
+    for (float& w : wv) w = c.producer == Producer::RmsNormGated ? c.gain * (1.0f + w) : c.gain * (1.0f + w) - 1.0f;
+    const testing::DeviceTensor wt =
+        upload_weight(*gpu, c.m, k, half_exact_weights(static_cast<size_t>(c.m * k), 0.05f, 64), DType::F16);
+    ASSERT_TRUE(wt.buffer);
+    auto x = make_f32(*gpu, {rows, d}), y = make_f32(*gpu, {rows, d}), w = make_f32(*gpu, {d}, wv);
+    auto a = make_f32(*gpu, {rows, d}), other = make_f32(*gpu, {n, k}, randn(static_cast<size_t>(n * k), 1.0f, 65));
+    auto out = make_f32(*gpu, {n, c.m});
+    // The views as the forward passes them: in place on [n, heads, d], the matmul over [n, heads·d].
+    const Tensor xh = x.t.reshaped({n, c.heads, d}), yh = y.t.reshaped({n, c.heads, d});
+    Tensor mx = in_place ? x.t.reshaped({n, k_full}) : a.t;
+    if (c.x_is == 1) mx = other.t;
+    if (c.x_is == 2) mx = mx.slice(1, 0, k);
+    auto pass = [&](bool apart) {
+      auto ok = [](const Status& st) { EXPECT_TRUE(st.ok()) << st.to_string(); };
+      ok(gpu->upload(x.t, xv.data(), xv.size() * 4));
+      ok(gpu->upload(y.t, yv.data(), yv.size() * 4));
+      switch (c.producer) {
+        case Producer::AddRmsNorm: ok(gpu->add_rms_norm(x.t, y.t, w.t, 1e-6f, a.t)); break;
+        case Producer::RmsNormGated: ok(gpu->rms_norm_gated(xh, yh, w.t, 1e-6f, xh)); break;
+        case Producer::Swiglu: ok(gpu->swiglu(x.t, y.t, a.t)); break;
+        case Producer::SigmoidMul: ok(gpu->sigmoid_mul(xh, yh, xh)); break;
+      }
+      if (apart) ok(gpu->synchronize());
+      ok(gpu->matmul(mx, wt.t, Tensor{}, out.t));
+      std::vector<float> r = testing::read_f32(*gpu, out.t), xr = testing::read_f32(*gpu, x.t),
+                         ar = testing::read_f32(*gpu, a.t);
+      r.insert(r.end(), xr.begin(), xr.end());
+      r.insert(r.end(), ar.begin(), ar.end());
+      return r;
+    };
+    const std::vector<float> want = pass(true);
+    size_t finite = 0;
+    for (int64_t i = 0; i < n * c.m; ++i) finite += std::isfinite(want[static_cast<size_t>(i)]) && want[i] != 0.0f;
+    EXPECT_EQ(finite, static_cast<size_t>(n * c.m)) << "the product should be finite and non-zero everywhere";
+    for (int run = 0; run < 3; ++run) {
+      const std::vector<float> got = pass(false);
+      ASSERT_EQ(got.size(), want.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+      EXPECT_EQ(differ, 0u) << "run " << run << " (0 direct, 1 captured, 2 replayed)";
+    }
+  }
+}
+
 // ---- graph replay -----------------------------------------------------------------------------------
 
 // A small pass touching every recording path: a staged upload, a layout upload, cuBLASLt, and
@@ -579,6 +681,61 @@ TEST(CudaAttention, DISABLED_Timing) {
                 static_cast<long long>(H), static_cast<long long>(Hkv), static_cast<long long>(hd),
                 static_cast<long long>(s.Ls), static_cast<long long>(s.rows), static_cast<long long>(s.len), med,
                 ms.front(), ms.size(), 4.0 * hd * H * pairs / med * 1e-9);
+  }
+}
+
+// Timing of F16-weight matmuls at Kev's projection shapes (k, m from src/model/synthetic.cpp's
+// configs): 4b (hidden 2560, intermediate 9216, GDN in_proj 12,352 = 8192 conv + 4096 z + 2·32 gates,
+// out_proj and o_proj from 4096, q 8192 = 16 heads · 2 · 256, k/v 1024) at n = 220 (the short
+// evaluation's rows) and 2,187 (the long prefill); 0.8b (hidden 1024, intermediate 3584) at n = 250.
+// Each sample records 20 matmuls (alternating two inputs, so each converts its x as a lone projection
+// does) into one pass, replayed as a CUDA graph, and synchronizes; the median wall time per matmul is
+// printed (host launch and wait included: ~1 µs per op). Not a benchmark protocol. Run with
+//   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='CudaMatmul.DISABLED_Timing'
+TEST(CudaMatmul, DISABLED_Timing) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  using testing::make_f32;
+  struct Shape {
+    const char* name;
+    int64_t n, k, m;
+  };
+  constexpr int kOpsPerSample = 20;
+  const Shape shapes[] = {
+      {"4b gate_up", 220, 2560, 18432}, {"4b down", 220, 9216, 2560},    {"4b in_proj", 220, 2560, 12352},
+      {"4b out_proj", 220, 4096, 2560}, {"4b q", 220, 2560, 8192},       {"4b k/v", 220, 2560, 1024},
+      {"4b gate_up", 2187, 2560, 18432}, {"4b down", 2187, 9216, 2560},  {"4b in_proj", 2187, 2560, 12352},
+      {"4b out_proj", 2187, 4096, 2560}, {"4b q", 2187, 2560, 8192},     {"4b k/v", 2187, 2560, 1024},
+      {"0.8b gate_up", 250, 1024, 7168}, {"0.8b down", 250, 3584, 1024}, {"0.8b in_proj", 250, 1024, 8224},
+      {"0.8b out_proj", 250, 2048, 1024}, {"0.8b q", 250, 1024, 4096},   {"0.8b k/v", 250, 1024, 512},
+  };
+  for (const Shape& s : shapes) {
+    const testing::DeviceTensor w =
+        upload_weight(*gpu, s.m, s.k, half_exact_weights(static_cast<size_t>(s.m * s.k), 0.05f, 71), DType::F16);
+    ASSERT_TRUE(w.buffer);
+    auto x1 = make_f32(*gpu, {s.n, s.k}, testing::randn(static_cast<size_t>(s.n * s.k), 1.0f, 72));
+    auto x2 = make_f32(*gpu, {s.n, s.k}, testing::randn(static_cast<size_t>(s.n * s.k), 1.0f, 73));
+    auto out = make_f32(*gpu, {s.n, s.m});
+    auto sample = [&] {
+      for (int i = 0; i < kOpsPerSample; ++i) {
+        const Status st = gpu->matmul(i % 2 ? x2.t : x1.t, w.t, Tensor{}, out.t);
+        if (!st.ok()) return st;
+      }
+      return gpu->synchronize();
+    };
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(sample().ok());  // direct run, capture, first replay
+    std::vector<double> ms;
+    const auto start = std::chrono::steady_clock::now();
+    while (ms.size() < 5 || std::chrono::steady_clock::now() - start < std::chrono::milliseconds(300)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      ASSERT_TRUE(sample().ok());
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+                   kOpsPerSample);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    std::printf("matmul %-13s n=%5lld k=%5lld m=%5lld: median %7.2f us, min %7.2f us (%zu samples), %.0f TFLOP/s\n",
+                s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(s.m),
+                med * 1e3, ms.front() * 1e3, ms.size(), 2.0 * s.n * s.k * s.m / med * 1e-9);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention.cuh"
@@ -172,6 +173,19 @@ Status check_elementwise(const OpCheck& c, const Tensor& t) {
             " elements; the CUDA element-wise kernels take fewer than ", cuda::kMaxElementwise);
   return Status::success();
 }
+
+// A command whose kernel can also write its output's FP16 copy for the F16-weight matmul recorded
+// right after it (see CudaBackend::producer_writes_matmul_input).
+struct Producer {
+  // The command's closure writing also (xs, scales), `group` rows of out per GEMM row; empty when its
+  // kernel cannot.
+  using WithHalf = std::function<cuda::PassRecorder::Enqueue(uint16_t* xs, float* scales, int group)>;
+  const char* op = nullptr;
+  CommandSig sig;
+  Tensor out;
+  uint64_t pass = 0, recorded = 0;
+  WithHalf with_half;
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -505,7 +519,52 @@ class CudaBackend final : public Backend {
     for (const Tensor* t : {&x, &z, &w, &out}) sig_tensor(sig, *t);
     sig.word(eps, a.scale);
     recorder_->record(op, sig, [=](cudaStream_t s) { return launched(cuda::launch_norm(a, s), op); });
+    noted_producer(op, std::move(sig), out, [=](uint16_t* xs, float* scales, int group) -> cuda::PassRecorder::Enqueue {
+      cuda::NormArgs b = a;
+      b.half = xs;
+      b.half_scales = scales;
+      b.half_group = group;
+      if (!cuda::norm_writes_half(b)) return {};
+      return [=](cudaStream_t s) { return launched(cuda::launch_norm(b, s), op); };
+    });
     return Status::success();
+  }
+
+  // Notes the command just recorded as one whose kernel can also write out's FP16 copy for a matmul
+  // (`with_half` gives that command's closure, or none where its kernel cannot).
+  void noted_producer(const char* op, CommandSig sig, const Tensor& out, Producer::WithHalf with_half) {
+    last_producer_ =
+        Producer{op, std::move(sig), out, recorder_->pass_serial(), recorder_->recorded(), std::move(with_half)};
+  }
+
+  // When the command recorded just before an F16-weight matmul, in this pass, is a producer (a norm,
+  // swiglu or sigmoid_mul) whose out is exactly the matmul's x (the same rows: one out row, or the g
+  // rows [i, 0..g) of a [n, g, d] out, per GEMM row), re-records it so that it also writes x's FP16
+  // copy and row scales into (xs, scales) and returns true; the matmul then skips its conversion.
+  Result<bool> producer_writes_matmul_input(const Tensor& x, int64_t ldx, uint16_t* xs, float* scales) {
+    const Producer& p = last_producer_;
+    if (!p.with_half || p.pass != recorder_->pass_serial() || p.recorded != recorder_->recorded() ||
+        f32p(p.out) != f32p(x)) {
+      return false;
+    }
+    const Tensor& o = p.out;
+    const int64_t n = x.shape[0], k = x.shape[1];
+    int64_t group = 0;
+    if (o.rank == 2 && o.shape[0] == n && o.shape[1] == k) {
+      group = 1;
+    } else if (o.rank == 3 && o.shape[0] == n && o.shape[1] * o.shape[2] == k &&
+               (o.shape[1] <= 1 || o.stride[1] == o.shape[2])) {
+      group = o.shape[1];
+    }
+    if (group == 0 || (n > 1 && o.stride[0] != ldx) || group > INT_MAX) return false;
+    cuda::PassRecorder::Enqueue enqueue = p.with_half(xs, scales, static_cast<int>(group));
+    if (!enqueue) return false;
+    CommandSig sig = p.sig;
+    sig.word(group);
+    sig.ptr(xs, scales);
+    const char* op = p.op;
+    KEV_TRY(recorder_->replace_last(op, sig, std::move(enqueue), trace_label([&] { return cat(op, " +f16 copy"); })));
+    return true;
   }
 
   Status record_binary(const char* op, cuda::BinaryKind kind, const Tensor& x, const Tensor& y, const Tensor& out) {
@@ -521,6 +580,12 @@ class CudaBackend final : public Backend {
     const int64_t d = x.dim(-1);
     recorder_->record(op, sig, [=](cudaStream_t s) {
       return launched(cuda::launch_binary(kind, xp, xr, yp, yr, op_, orows, d, s), op);
+    });
+    noted_producer(op, std::move(sig), out, [=](uint16_t* xs, float* scales, int group) -> cuda::PassRecorder::Enqueue {
+      if (!cuda::binary_writes_half(xp, xr, yp, yr, op_, orows, d, group)) return {};
+      return [=](cudaStream_t s) {
+        return launched(cuda::launch_binary_half(kind, xp, xr, yp, yr, op_, orows, d, xs, scales, group, s), op);
+      };
     });
     return Status::success();
   }
@@ -565,6 +630,9 @@ class CudaBackend final : public Backend {
     uint64_t pass = 0, recorded = 0;
   };
   HalfInput last_half_;
+  // The last command recorded that could write a matmul's FP16 input, and when (see
+  // producer_writes_matmul_input()).
+  Producer last_producer_;
 };
 
 Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
@@ -590,8 +658,9 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   }
   // 16-bit weights take x as a 16-bit copy in scratch:
   // - F16 (the default for bf16 exports): x rounded to FP16 (11 significand bits) after dividing each
-  //   row by a power of two that keeps it within FP16's range; a row kernel multiplies the GEMM's rows
-  //   back (and adds the bias).
+  //   row by a power of two that keeps it within FP16's range (by a conversion kernel, or by the op
+  //   recorded just before that produced x: producer_writes_matmul_input); a row kernel multiplies the
+  //   GEMM's rows back (and adds the bias).
   // - BF16 with cuda_gemm f16 / bf16x2: x as hi + lo BF16 halves stacked into one GEMM of 2n rows (W
   //   read once, ~16 significand bits of x kept); with bf16: x rounded to BF16 (8 bits).
   // docs/numerics.md gives each one's end-to-end error.
@@ -617,7 +686,7 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   // only its out, which never overlaps its x), so its copy is still current.
   uint16_t* xs = nullptr;
   float* scales = nullptr;
-  bool convert = false;
+  bool convert = false, from_producer = false;
   if (half) {
     const HalfInput& last = last_half_;
     if (last.xs != nullptr && last.x == xp && last.n == n && last.k == k && last.ldx == ldx &&
@@ -631,12 +700,13 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
       if (w.dtype == DType::F16) {
         KEV_ASSIGN_OR_RETURN(char* sc, recorder_->scratch(static_cast<size_t>(n) * sizeof(float)));
         scales = reinterpret_cast<float*>(sc);
+        KEV_ASSIGN_OR_RETURN(from_producer, producer_writes_matmul_input(x, ldx, xs, scales));
       }
-      convert = true;
+      convert = !from_producer;
     }
     sig.ptr(xs);
     sig.ptr(scales);
-    sig.word(convert);
+    sig.word(convert, from_producer);
   }
   float* halves = nullptr;
   if (split) {
@@ -662,7 +732,7 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
     return Status::success();
   }, trace_label([&] {
     return cat("matmul n=", n, " k=", k, " m=", m, " ", dtype_name(w.dtype), split ? "x2" : "",
-               convert || !half ? "" : " shared x");
+               from_producer ? " x from producer" : convert || !half ? "" : " shared x");
   }));
   if (half) {
     last_half_ = HalfInput{xp, n, k, ldx, w.dtype, split, xs, scales, recorder_->pass_serial(), recorder_->recorded()};

@@ -15,7 +15,10 @@
 // σ, SiLU and softplus are the overflow-free forms (device_math.cuh). FP32 throughout.
 // Launch: binary maps: one thread per float4 (when d, every row stride and every base pointer allow
 // 16-byte access; else per float) of the flattened [rows, d] space, 256 per block, grid.x =
-// ceil(rows·d / (4·256)). copy: one thread per element of the flattened [rows, d] space, 256 per
+// ceil(rows·d / (4·256)); when the map also writes the FP16 copy of its out for the next matmul
+// (binary_half, float4 path only, f16_rows.cuh's rule): one 256-thread block per GEMM row (`group`
+// rows of out: sigmoid_mul's H heads of a token), the row's max needing the whole row; each thread
+// converts the float4s it wrote. copy: one thread per element of the flattened [rows, d] space, 256 per
 // block. gdn_gates: one thread per (token, head), 256 per block. f32_to_bf16_rows: grid
 // (n, min(ceil(k / (4·256)), 65535)), a thread converting 4 consecutive values (float4 in, 8 bytes
 // out) per step when x's rows are 16-byte aligned and k % 4 == 0, else one value per step (grid.y
@@ -28,6 +31,7 @@
 #include <algorithm>
 
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/f16_rows.cuh"
 
 namespace kev::cuda {
 
@@ -48,19 +52,6 @@ struct VecOfT<4> {
 };
 template <int V>
 using VecOf = typename VecOfT<V>::type;
-
-__device__ __forceinline__ float abs_max(float v) { return fabsf(v); }
-__device__ __forceinline__ float abs_max(const float4& v) {
-  return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-}
-__device__ __forceinline__ void store_f16(__half* d, float v, float s) { *d = __float2half_rn(v * s); }
-__device__ __forceinline__ void store_f16(__half* d, const float4& v, float s) {
-  const __half2 lo = __floats2half2_rn(v.x * s, v.y * s), hi = __floats2half2_rn(v.z * s, v.w * s);
-  uint2 bits;
-  bits.x = *reinterpret_cast<const uint32_t*>(&lo);
-  bits.y = *reinterpret_cast<const uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(d) = bits;
-}
 
 template <BinaryKind kKind>
 __device__ __forceinline__ float binary_op(float x, float y) {
@@ -90,6 +81,32 @@ __global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, 
                                                  binary_op<kKind>(a.z, b.z), binary_op<kKind>(a.w, b.w));
   } else {
     *op = binary_op<kKind>(*xp, *yp);
+  }
+}
+
+// One block per GEMM row (`group` rows of d floats): the map as binary_kernel computes it, stored, then
+// the block's max and the FP16 copy, each thread converting the float4s it wrote.
+template <BinaryKind kKind>
+__global__ void binary_half_kernel(const float* x, Rows xr, const float* y, Rows yr, float* out, Rows outr,
+                                   uint32_t dv, uint32_t group, __half* half, float* scales) {
+  __shared__ float part[kThreads / 32];
+  const uint32_t per_row = group * dv;
+  float mx = 0.0f;
+  for (uint32_t e = threadIdx.x; e < per_row; e += kThreads) {
+    const uint32_t sub = e / dv, col = (e - sub * dv) * 4, row = blockIdx.x * group + sub;
+    const float4 a = *reinterpret_cast<const float4*>(x + row_offset(xr, row) + col);
+    const float4 b = *reinterpret_cast<const float4*>(y + row_offset(yr, row) + col);
+    const float4 o = make_float4(binary_op<kKind>(a.x, b.x), binary_op<kKind>(a.y, b.y), binary_op<kKind>(a.z, b.z),
+                                 binary_op<kKind>(a.w, b.w));
+    *reinterpret_cast<float4*>(out + row_offset(outr, row) + col) = o;
+    mx = fmaxf(mx, abs_max(o));
+  }
+  const float inv = f16_row_inverse_scale(block_max(mx, part));
+  if (threadIdx.x == 0) scales[blockIdx.x] = 1.0f / inv;
+  __half* h = half + static_cast<int64_t>(blockIdx.x) * per_row * 4;
+  for (uint32_t e = threadIdx.x; e < per_row; e += kThreads) {
+    const uint32_t sub = e / dv, col = (e - sub * dv) * 4, row = blockIdx.x * group + sub;
+    store_f16(h + 4 * e, *reinterpret_cast<const float4*>(out + row_offset(outr, row) + col), inv);
   }
 }
 
@@ -179,26 +196,14 @@ __global__ void split_sum_rows_kernel(const float* s, int64_t n, int64_t m, cons
 template <int V>
 __global__ void f32_to_f16_rows_scaled_kernel(const float* x, int64_t ldx, __half* dst, float* scales, int64_t k) {
   using Vec = VecOf<V>;
-  __shared__ float warp_max[kThreads / 32];
+  __shared__ float part[kThreads / 32];
   const int64_t row = blockIdx.x, kv = k / V;
   const Vec* xr = reinterpret_cast<const Vec*>(x + row * ldx);
   float mx = 0.0f;
 #pragma unroll 4
   for (int64_t j = threadIdx.x; j < kv; j += kThreads) mx = fmaxf(mx, abs_max(xr[j]));
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = mx;
-  __syncthreads();
-  mx = warp_max[0];
-  for (int w = 1; w < kThreads / 32; ++w) mx = fmaxf(mx, warp_max[w]);
-  // Rows within [2^-10, 2^15] keep s = 1 (then the rescale kernel has nothing to do); larger rows
-  // would overflow FP16 and smaller ones would lose bits to its subnormals. A row holding inf keeps
-  // s = 1, so the product is inf / NaN as the FP32 GEMM's would be.
-  float inv = 1.0f;
-  if (isfinite(mx) && (mx > 32768.0f || (mx > 0.0f && mx < 0x1p-10f))) {
-    int e = 0;
-    frexpf(mx, &e);  // mx < 2^e
-    inv = ldexpf(1.0f, 15 - e);
-  }
+  // Rows within [2^-10, 2^15] keep s = 1 (then the rescale kernel has nothing to do).
+  const float inv = f16_row_inverse_scale(block_max(mx, part));
   if (threadIdx.x == 0) scales[row] = 1.0f / inv;
   __half* d = dst + row * k;
 #pragma unroll 4
@@ -242,6 +247,37 @@ cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const
       launch_binary_kind<BinaryKind::Swiglu>(vec4, rows, x, xr, y, yr, out, outr, d, stream);
       break;
     case BinaryKind::Add: launch_binary_kind<BinaryKind::Add>(vec4, rows, x, xr, y, yr, out, outr, d, stream); break;
+  }
+  return cudaGetLastError();
+}
+
+bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Rows& yr, const float* out,
+                        const Rows& outr, int64_t d, int group) {
+  const int64_t rows = xr.count();
+  return group >= 1 && rows % group == 0 && d % 4 == 0 && group * d < (int64_t{1} << 31) && rows_vec4(xr) &&
+         rows_vec4(yr) && rows_vec4(outr) && aligned16(x) && aligned16(y) && aligned16(out);
+}
+
+cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,
+                               float* out, const Rows& outr, int64_t d, uint16_t* half, float* scales, int group,
+                               cudaStream_t stream) {
+  const int64_t rows = xr.count();
+  if (rows == 0 || d == 0) return cudaSuccess;
+  if (!binary_writes_half(x, xr, y, yr, out, outr, d, group)) return cudaErrorInvalidValue;
+  const unsigned grid = static_cast<unsigned>(rows / group);
+  const uint32_t dv = static_cast<uint32_t>(d / 4), g = static_cast<uint32_t>(group);
+  __half* h = reinterpret_cast<__half*>(half);
+  switch (kind) {
+    case BinaryKind::SigmoidMul:
+      binary_half_kernel<BinaryKind::SigmoidMul>
+          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, dv, g, h, scales);
+      break;
+    case BinaryKind::Swiglu:
+      binary_half_kernel<BinaryKind::Swiglu><<<grid, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, dv, g, h, scales);
+      break;
+    case BinaryKind::Add:
+      binary_half_kernel<BinaryKind::Add><<<grid, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, dv, g, h, scales);
+      break;
   }
   return cudaGetLastError();
 }

@@ -38,8 +38,17 @@ struct NormArgs {
   Rows out_rows;
   int64_t d = 0;
   float eps = 0.0f, scale = 1.0f;
+  // Optional FP16 copy of out for the F16-weight matmul recorded right after the norm (f16_rows.cuh's
+  // rule, bit-identical to launch_f32_to_f16_rows_scaled of out): each half_group consecutive rows of
+  // out form one GEMM row of half_group·d values; half [rows / half_group, half_group·d] contiguous,
+  // half_scales [rows / half_group]. Null: none.
+  uint16_t* half = nullptr;
+  float* half_scales = nullptr;
+  int half_group = 1;
 };
 cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream);
+// Whether launch_norm can write a's half copy (float4 paths, half_group dividing the rows, at most 32).
+bool norm_writes_half(const NormArgs& a);
 
 // elementwise.cu. Binary maps and copy index the flattened [rows, d] space with 32 bits, so they take
 // fewer than kMaxElementwise elements (a launch with more returns cudaErrorInvalidValue).
@@ -47,6 +56,15 @@ constexpr int64_t kMaxElementwise = (int64_t{1} << 32) - 256;
 enum class BinaryKind { SigmoidMul, Swiglu, Add };
 cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr, float* out,
                           const Rows& outr, int64_t d, cudaStream_t stream);
+// launch_binary that also writes out's FP16 copy for the F16-weight matmul recorded right after it (as
+// NormArgs::half): each `group` consecutive rows of out form one GEMM row; half [rows / group, group·d]
+// contiguous, scales [rows / group]. Only where binary_writes_half holds (float4 access, group divides
+// the rows, a GEMM row under 2^31 floats).
+bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Rows& yr, const float* out,
+                        const Rows& outr, int64_t d, int group);
+cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,
+                               float* out, const Rows& outr, int64_t d, uint16_t* half, float* scales, int group,
+                               cudaStream_t stream);
 // beta = σ(b), g = −exp(a_log)·softplus(a + dt_bias); b, a, beta, g [n,Hv] with row strides.
 cudaError_t launch_gdn_gates(const float* b, int64_t b_stride, const float* a, int64_t a_stride, const float* a_log,
                              const float* dt_bias, float* beta, int64_t beta_stride, float* g, int64_t g_stride,

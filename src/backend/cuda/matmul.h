@@ -6,15 +6,18 @@
 //   F32 W: A, B, D F32, CUBLAS_COMPUTE_32F (no TF32: the FP32 engine's golden parity needs ~1e-6).
 //   BF16 W: x arrives as BF16 in contiguous scratch (ld = k): rounded, or split into two BF16 halves
 //   stacked as 2n rows (cuda_backend.cpp's matmul); A, B BF16, D F32, CUBLAS_COMPUTE_32F with F32 scale.
-//   F16 W: x arrives as F16 in contiguous scratch, each row scaled by a power of two (cuda_backend.cpp);
-//   A, B F16, D F32, CUBLAS_COMPUTE_32F.
+//   F16 W: x arrives as F16 in contiguous scratch, each row scaled by a power of two (f16_rows.cuh),
+//   written by a conversion kernel or by the op that produced x (cuda_backend.cpp's matmul); A, B F16,
+//   D F32, CUBLAS_COMPUTE_32F.
 // A bias is added by a separate row kernel after the GEMM (one extra pass over out, only for the few
 // projections that have a bias), which avoids depending on cuBLASLt's per-type bias-epilogue rules.
 // k = 0 writes the bias (or zeros) only. Descriptors and the algorithm are cached per shape key (sizes,
 // leading dimensions, dtype, pointer alignments); enqueue() makes no allocation and no
 // synchronisation, so it can be captured into a CUDA graph.
 // Algorithm choice: cuBLASLt's first heuristic answer (timing 8 candidates per shape was tried on the
-// H200 and made the 0.8B short workload slower: 5.39/5.34 ms prefill/evaluation against 5.26/4.92).
+// H200 and made the 0.8B short workload slower: 5.39/5.34 ms prefill/evaluation against 5.26/4.92;
+// at Kev's shapes no later answer or forced split-K beat it by more than 1.3 µs, and none by a rule
+// the heuristic's results would let us state: docs/backends.md, Tracing).
 #pragma once
 
 #include <cublasLt.h>

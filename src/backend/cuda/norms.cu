@@ -19,7 +19,15 @@
 // warps. Rows are independent, so out may be the identical view of x (in place) for the plain norms:
 // every lane reads its elements before writing them and no lane reads another's. add_rms_norm's out
 // and y are disjoint from x (supports() checks).
+// FP16 copy for the next matmul (NormArgs::half, float4 paths only; the backend asks norm_writes_half):
+// the same kernels also store FP16(out / s) per GEMM row with f16_rows.cuh's power-of-two s, saving
+// matmul's conversion kernel (a read of out and a launch). A wide row is one GEMM row: its block
+// takes the row max over its 4 warps and converts the registers it just stored. In the warp kernel a
+// GEMM row is half_group consecutive norm rows (rms_norm_gated: the Hv heads of a token), so the block
+// becomes half_group warps (<= 32, grid.x = rows / half_group), takes the block max and each lane
+// converts the out elements it wrote. The FP32 out is computed by the same code either way.
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/f16_rows.cuh"
 
 namespace kev::cuda {
 
@@ -34,12 +42,13 @@ __device__ __forceinline__ float4 add4(float4 u, float4 v) {
   return make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
 }
 
-template <NormKind kKind>
-__global__ void norm_vec4_kernel(NormArgs a) {
+// kHalf: the block's warps are the half_group rows of one GEMM row (grid exact, no row out of range).
+template <NormKind kKind, bool kHalf>
+__global__ void __launch_bounds__(1024) norm_vec4_kernel(NormArgs a) {
   constexpr bool kAdd = kKind == NormKind::AddRms;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2]) return;
+  if (!kHalf && row >= a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2]) return;
   const int64_t x_off = row_offset(a.x_rows, row);
   const float* x = a.x + x_off;
   float* out = a.out + row_offset(a.out_rows, row);
@@ -60,6 +69,7 @@ __global__ void norm_vec4_kernel(NormArgs a) {
   const float f =
       kKind == NormKind::L2 ? a.scale / sqrtf(ss + a.eps) : 1.0f / sqrtf(ss / static_cast<float>(a.d) + a.eps);
   const float* src = kAdd ? sum : x;  // the lane's own writes of the first pass
+  float mx = 0.0f;
 #pragma unroll 4
   for (int64_t j = 4 * lane; j < a.d; j += 128) {
     const float4 v = ld4(src + j);
@@ -75,13 +85,23 @@ __global__ void norm_vec4_kernel(NormArgs a) {
                       w.w * (v.w * f) * siluf(zz.w));
     }
     *reinterpret_cast<float4*>(out + j) = r;
+    if constexpr (kHalf) mx = fmaxf(mx, abs_max(r));
+  }
+  if constexpr (kHalf) {
+    __shared__ float part[32];
+    const float inv = f16_row_inverse_scale(block_max(mx, part));
+    if (threadIdx.x == 0) a.half_scales[blockIdx.x] = 1.0f / inv;
+    __half* h = reinterpret_cast<__half*>(a.half) + blockIdx.x * (a.half_group * a.d) + (threadIdx.x / 32) * a.d;
+#pragma unroll 4
+    for (int64_t j = 4 * lane; j < a.d; j += 128) store_f16(h + j, ld4(out + j), inv);  // this lane's own writes
   }
 }
 
 constexpr int kRowThreads = 128, kRowVec = 8;  // wide rows: d / 4 <= kRowThreads · kRowVec
 
-// kAdd: add_rms_norm (the row is x + y, written back through a.sum before the reduction).
-template <bool kAdd>
+// kAdd: add_rms_norm (the row is x + y, written back through a.sum before the reduction). kHalf: also
+// the row's FP16 copy (half_group = 1).
+template <bool kAdd, bool kHalf>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
   const int64_t row = blockIdx.x;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -112,13 +132,27 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
 #pragma unroll
   for (int w = 0; w < kRowThreads / 32; ++w) ss += part[w];
   const float f = 1.0f / sqrtf(ss / static_cast<float>(a.d) + a.eps);
+  float mx = 0.0f;
 #pragma unroll
   for (int u = 0; u < kRowVec; ++u) {
     const int j = threadIdx.x + u * kRowThreads;
     if (j < nv) {
       const float4 w = ld4(a.w + 4 * j);
-      *reinterpret_cast<float4*>(out + 4 * j) = make_float4(v[u].x * f * (1.0f + w.x), v[u].y * f * (1.0f + w.y),
-                                                            v[u].z * f * (1.0f + w.z), v[u].w * f * (1.0f + w.w));
+      v[u] = make_float4(v[u].x * f * (1.0f + w.x), v[u].y * f * (1.0f + w.y), v[u].z * f * (1.0f + w.z),
+                         v[u].w * f * (1.0f + w.w));
+      *reinterpret_cast<float4*>(out + 4 * j) = v[u];
+      if constexpr (kHalf) mx = fmaxf(mx, abs_max(v[u]));
+    }
+  }
+  if constexpr (kHalf) {
+    __syncthreads();  // every warp has read part[] above
+    const float inv = f16_row_inverse_scale(block_max(mx, part));
+    if (threadIdx.x == 0) a.half_scales[row] = 1.0f / inv;
+    __half* h = reinterpret_cast<__half*>(a.half) + row * a.d;
+#pragma unroll
+    for (int u = 0; u < kRowVec; ++u) {
+      const int j = threadIdx.x + u * kRowThreads;
+      if (j < nv) store_f16(h + 4 * j, v[u], inv);
     }
   }
 }
@@ -158,37 +192,75 @@ __global__ void norm_kernel(NormArgs a) {
   }
 }
 
+// The kernel launch_norm picks (the half copy only on the float4 paths).
+enum class NormPath { Scalar, Vec4, Row };
 
-
-}  // namespace
-
-cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream) {
-  const int64_t rows = a.x_rows.count();
-  if (rows == 0 || a.d == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  const int threads = 32 * kWarpsPerBlock;
+NormPath norm_path(const NormArgs& a) {
   const bool add = a.kind == NormKind::AddRms;
   const bool uses_z = a.kind == NormKind::RmsGated || add;
   const bool vec4 = a.d % 4 == 0 && aligned16(a.x) && aligned16(a.out) && rows_vec4(a.x_rows) &&
                     rows_vec4(a.out_rows) && (a.kind == NormKind::L2 || aligned16(a.w)) &&
                     (!uses_z || (aligned16(a.z) && rows_vec4(a.z_rows))) && (!add || aligned16(a.sum));
-  if (vec4 && (a.kind == NormKind::Rms || add) && a.d >= 1024 && a.d <= 4 * kRowThreads * kRowVec) {
-    if (add) {
-      rms_norm_row_kernel<true><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(a);
+  if (!vec4) return NormPath::Scalar;
+  return (a.kind == NormKind::Rms || add) && a.d >= 1024 && a.d <= 4 * kRowThreads * kRowVec ? NormPath::Row
+                                                                                             : NormPath::Vec4;
+}
+
+template <NormKind kKind>
+void launch_vec4(const NormArgs& a, int64_t rows, cudaStream_t stream) {
+  if (a.half) {
+    norm_vec4_kernel<kKind, true><<<static_cast<unsigned>(rows / a.half_group), 32 * a.half_group, 0, stream>>>(a);
+  } else {
+    const dim3 grid(static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
+    norm_vec4_kernel<kKind, false><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(a);
+  }
+}
+
+template <bool kAdd>
+void launch_row(const NormArgs& a, int64_t rows, cudaStream_t stream) {
+  if (a.half) {
+    rms_norm_row_kernel<kAdd, true><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(a);
+  } else {
+    rms_norm_row_kernel<kAdd, false><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(a);
+  }
+}
+
+}  // namespace
+
+bool norm_writes_half(const NormArgs& a) {
+  if (a.half_group < 1 || a.x_rows.count() % a.half_group != 0) return false;
+  switch (norm_path(a)) {
+    case NormPath::Row: return a.half_group == 1;
+    case NormPath::Vec4: return a.half_group <= 32;  // one warp per row, 1,024 threads per block at most
+    case NormPath::Scalar: return false;
+  }
+  return false;
+}
+
+cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream) {
+  const int64_t rows = a.x_rows.count();
+  if (rows == 0 || a.d == 0) return cudaSuccess;
+  if (a.half && !norm_writes_half(a)) return cudaErrorInvalidValue;
+  const NormPath path = norm_path(a);
+  if (path == NormPath::Row) {
+    if (a.kind == NormKind::AddRms) {
+      launch_row<true>(a, rows, stream);
     } else {
-      rms_norm_row_kernel<false><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(a);
+      launch_row<false>(a, rows, stream);
     }
     return cudaGetLastError();
   }
-  if (vec4) {
+  if (path == NormPath::Vec4) {
     switch (a.kind) {
-      case NormKind::Rms: norm_vec4_kernel<NormKind::Rms><<<grid, threads, 0, stream>>>(a); break;
-      case NormKind::AddRms: norm_vec4_kernel<NormKind::AddRms><<<grid, threads, 0, stream>>>(a); break;
-      case NormKind::L2: norm_vec4_kernel<NormKind::L2><<<grid, threads, 0, stream>>>(a); break;
-      case NormKind::RmsGated: norm_vec4_kernel<NormKind::RmsGated><<<grid, threads, 0, stream>>>(a); break;
+      case NormKind::Rms: launch_vec4<NormKind::Rms>(a, rows, stream); break;
+      case NormKind::AddRms: launch_vec4<NormKind::AddRms>(a, rows, stream); break;
+      case NormKind::L2: launch_vec4<NormKind::L2>(a, rows, stream); break;
+      case NormKind::RmsGated: launch_vec4<NormKind::RmsGated>(a, rows, stream); break;
     }
     return cudaGetLastError();
   }
+  const dim3 grid(static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  const int threads = 32 * kWarpsPerBlock;
   switch (a.kind) {
     case NormKind::Rms: norm_kernel<NormKind::Rms><<<grid, threads, 0, stream>>>(a); break;
     case NormKind::AddRms: norm_kernel<NormKind::AddRms><<<grid, threads, 0, stream>>>(a); break;

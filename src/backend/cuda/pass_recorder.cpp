@@ -109,6 +109,22 @@ Status PassRecorder::init() {
 
 void PassRecorder::record(const char* op, const CommandSig& sig, Enqueue enqueue, std::string label) {
   if (trace_ != Trace::Off && commands_.empty()) first_record_ = std::chrono::steady_clock::now();
+  append(op, sig, std::move(enqueue), std::move(label));
+  ++recorded_;
+}
+
+Status PassRecorder::replace_last(const char* op, const CommandSig& sig, Enqueue enqueue, std::string label) {
+  KEV_CHECK(!commands_.empty(), ErrorCode::Internal, op, ": no command recorded in this pass to replace");
+  full_.resize(last_full_);
+  shape_.resize(last_shape_);
+  commands_.pop_back();
+  append(op, sig, std::move(enqueue), std::move(label));
+  return Status::success();
+}
+
+void PassRecorder::append(const char* op, const CommandSig& sig, Enqueue enqueue, std::string label) {
+  last_full_ = full_.size();
+  last_shape_ = shape_.size();
   const uint64_t head[] = {fnv1a64(op, std::strlen(op)), sig.shape.size(), sig.ptrs.size()};
   for (uint64_t w : head) {
     full_.push_back(w);
@@ -118,7 +134,6 @@ void PassRecorder::record(const char* op, const CommandSig& sig, Enqueue enqueue
   shape_.insert(shape_.end(), sig.shape.begin(), sig.shape.end());
   full_.insert(full_.end(), sig.ptrs.begin(), sig.ptrs.end());
   commands_.push_back(Command{op, std::move(enqueue), std::move(label)});
-  ++recorded_;
 }
 
 Status PassRecorder::record_upload(void* dst, const void* src, size_t bytes) {

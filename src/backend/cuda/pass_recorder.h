@@ -126,6 +126,9 @@ class PassRecorder {
 
   // `label` (optional) groups the command in the per-op trace; pass one only when tracing_ops().
   void record(const char* op, const CommandSig& sig, Enqueue enqueue, std::string label = {});
+  // Replaces the last command recorded in this pass (signature and closure; recorded() is unchanged):
+  // an op recorded later may widen what its producer writes (matmul's FP16 input written by a norm).
+  Status replace_last(const char* op, const CommandSig& sig, Enqueue enqueue, std::string label = {});
   bool tracing_ops() const { return trace_ == Trace::Ops; }
   // Copies `bytes` from host `src` into staging now and records the copy to device `dst`.
   Status record_upload(void* dst, const void* src, size_t bytes);
@@ -155,6 +158,7 @@ class PassRecorder {
     std::vector<uint64_t> full, shape;
     cudaGraphExec_t exec;
   };
+  void append(const char* op, const CommandSig& sig, Enqueue enqueue, std::string label);
   Status run_direct();
   Status run_graph();
   Status run_traced();
@@ -171,6 +175,7 @@ class PassRecorder {
   ChunkArena scratch_;
   std::vector<Command> commands_;
   std::vector<uint64_t> full_, shape_;  // the pass's signature
+  size_t last_full_ = 0, last_shape_ = 0;  // where the last command's words start in full_ / shape_
   std::vector<int32_t> last_offsets_;
   const int32_t* last_offsets_dev_ = nullptr;
   std::list<GraphEntry> graphs_cache_;  // most recently used first

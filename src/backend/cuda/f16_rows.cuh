@@ -1,0 +1,53 @@
+// The FP16 row rule of matmul's F16-weight inputs, shared by the kernels that write such a copy
+// (elementwise.cu's f32_to_f16_rows_scaled, and norms.cu when a norm writes the copy for the matmul
+// recorded right after it): a row of x is stored as FP16(x / s) with s a power of two, 1 unless
+// max|x| lies outside [2^-10, 2^15] (then max|x| / s lies in [2^14, 2^15]); the GEMM's row is
+// multiplied by s afterwards. Every writer takes the row max with fmaxf (NaN ignored, order-free) and
+// rounds with these functions, so the copies are bit-identical whichever kernel wrote them.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kev::cuda {
+
+__device__ __forceinline__ float abs_max(float v) { return fabsf(v); }
+__device__ __forceinline__ float abs_max(const float4& v) {
+  return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+
+// 1 / s for a row whose max |value| is mx. Larger rows would overflow FP16 and smaller ones would
+// lose bits to its subnormals. A row holding inf keeps s = 1, so the product is inf / NaN as the
+// FP32 GEMM's would be.
+__device__ __forceinline__ float f16_row_inverse_scale(float mx) {
+  if (isfinite(mx) && (mx > 32768.0f || (mx > 0.0f && mx < 0x1p-10f))) {
+    int e = 0;
+    frexpf(mx, &e);  // mx < 2^e
+    return ldexpf(1.0f, 15 - e);
+  }
+  return 1.0f;
+}
+
+__device__ __forceinline__ void store_f16(__half* d, float v, float inv) { *d = __float2half_rn(v * inv); }
+__device__ __forceinline__ void store_f16(__half* d, const float4& v, float inv) {
+  const __half2 lo = __floats2half2_rn(v.x * inv, v.y * inv), hi = __floats2half2_rn(v.z * inv, v.w * inv);
+  uint2 bits;
+  bits.x = *reinterpret_cast<const uint32_t*>(&lo);
+  bits.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(d) = bits;
+}
+
+// Max of v over the block (every thread gets it); `part` holds one float per warp (blockDim.x / 32
+// <= 32). Ends with a barrier-separated read, so `part` may be reused after a further __syncthreads.
+__device__ __forceinline__ float block_max(float v, float* part) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = part[0];
+  for (unsigned w = 1; w < blockDim.x / 32; ++w) v = fmaxf(v, part[w]);
+  return v;
+}
+
+}  // namespace kev::cuda

@@ -19,8 +19,9 @@ namespace {
 constexpr size_t kAlign = 256;
 constexpr size_t kStagingChunk = size_t{4} << 20;
 constexpr size_t kScratchChunk = size_t{32} << 20;
-constexpr size_t kMaxGraphs = 32;
-constexpr size_t kMaxSeen = 64;
+// A Kev pass is 4–8 segments (PassRecorder::kSegment), and a workload recurs with 2–3 pass shapes.
+constexpr size_t kMaxGraphs = 128;
+constexpr size_t kMaxSeen = 256;
 // Commands enqueued behind one trace gate: with up to 4 kernels or copies and an event each this stays
 // well inside the launch queue, so the host never blocks on a stream the gate still holds.
 constexpr size_t kTraceGate = 64;
@@ -108,23 +109,25 @@ Status PassRecorder::init() {
 }
 
 void PassRecorder::record(const char* op, const CommandSig& sig, Enqueue enqueue, std::string label) {
-  if (trace_ != Trace::Off && commands_.empty()) first_record_ = std::chrono::steady_clock::now();
+  if (trace_ != Trace::Off && pass_ops_.empty()) first_record_ = std::chrono::steady_clock::now();
   append(op, sig, std::move(enqueue), std::move(label));
+  pass_ops_.push_back(op);
   ++recorded_;
+  // Launching only once kSegment + 1 are pending keeps the newest command unlaunched (replace_last).
+  if (commands_.size() > kSegment && trace_ != Trace::Ops && pending_.ok()) pending_ = launch(kSegment);
 }
 
 Status PassRecorder::replace_last(const char* op, const CommandSig& sig, Enqueue enqueue, std::string label) {
   KEV_CHECK(!commands_.empty(), ErrorCode::Internal, op, ": no command recorded in this pass to replace");
-  full_.resize(last_full_);
-  shape_.resize(last_shape_);
   commands_.pop_back();
+  full_.resize(commands_.empty() ? 0 : commands_.back().full_end);
+  shape_.resize(commands_.empty() ? 0 : commands_.back().shape_end);
   append(op, sig, std::move(enqueue), std::move(label));
+  pass_ops_.back() = op;
   return Status::success();
 }
 
 void PassRecorder::append(const char* op, const CommandSig& sig, Enqueue enqueue, std::string label) {
-  last_full_ = full_.size();
-  last_shape_ = shape_.size();
   const uint64_t head[] = {fnv1a64(op, std::strlen(op)), sig.shape.size(), sig.ptrs.size()};
   for (uint64_t w : head) {
     full_.push_back(w);
@@ -133,7 +136,7 @@ void PassRecorder::append(const char* op, const CommandSig& sig, Enqueue enqueue
   full_.insert(full_.end(), sig.shape.begin(), sig.shape.end());
   shape_.insert(shape_.end(), sig.shape.begin(), sig.shape.end());
   full_.insert(full_.end(), sig.ptrs.begin(), sig.ptrs.end());
-  commands_.push_back(Command{op, std::move(enqueue), std::move(label)});
+  commands_.push_back(Command{op, std::move(enqueue), std::move(label), full_.size(), shape_.size()});
 }
 
 Status PassRecorder::record_upload(void* dst, const void* src, size_t bytes) {
@@ -166,11 +169,11 @@ std::string PassRecorder::pass_ops() const {
   std::string s;
   const char* prev = nullptr;
   int listed = 0;
-  for (const Command& c : commands_) {
-    if (prev && std::strcmp(prev, c.op) == 0) continue;
+  for (const char* op : pass_ops_) {
+    if (prev && std::strcmp(prev, op) == 0) continue;
     if (++listed > 24) return s + ", ...";
-    s += (s.empty() ? "" : ", ") + std::string(c.op);
-    prev = c.op;
+    s += (s.empty() ? "" : ", ") + std::string(op);
+    prev = op;
   }
   return s;
 }
@@ -180,23 +183,46 @@ void PassRecorder::clear_pass() {
   commands_.clear();
   full_.clear();
   shape_.clear();
+  pass_ops_.clear();
+  pending_ = Status::success();
+  how_.clear();
   last_offsets_.clear();
   last_offsets_dev_ = nullptr;
   staging_.restart();
   scratch_.restart();
 }
 
-Status PassRecorder::run_direct() {
-  for (const Command& c : commands_) {
-    const Status st = c.enqueue(stream_);
-    if (!st.ok()) return Status(st.code(), cat(c.op, ": ", st.message()));
+Status PassRecorder::launch(size_t n) {
+  KEV_CUDA_TRY(cudaSetDevice(device_));
+  const size_t full_end = commands_[n - 1].full_end, shape_end = commands_[n - 1].shape_end;
+  Status st;
+  if (graphs_ && n > 1) {
+    const std::vector<uint64_t> full(full_.begin(), full_.begin() + static_cast<std::ptrdiff_t>(full_end));
+    const std::vector<uint64_t> shape(shape_.begin(), shape_.begin() + static_cast<std::ptrdiff_t>(shape_end));
+    st = run_graph(n, full, shape);
+  } else {
+    st = run_direct(n);
+    ++how_["direct"];
+  }
+  commands_.erase(commands_.begin(), commands_.begin() + static_cast<std::ptrdiff_t>(n));
+  full_.erase(full_.begin(), full_.begin() + static_cast<std::ptrdiff_t>(full_end));
+  shape_.erase(shape_.begin(), shape_.begin() + static_cast<std::ptrdiff_t>(shape_end));
+  for (Command& c : commands_) c.full_end -= full_end, c.shape_end -= shape_end;
+  return st;
+}
+
+Status PassRecorder::run_direct(size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const Status st = commands_[i].enqueue(stream_);
+    if (!st.ok()) return Status(st.code(), cat(commands_[i].op, ": ", st.message()));
   }
   return Status::success();
 }
 
-Status PassRecorder::capture(cudaGraph_t* graph) {
+Status PassRecorder::capture(size_t n, cudaGraph_t* graph) {
   KEV_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  for (const Command& c : commands_) {
+  for (size_t i = 0; i < n; ++i) {
+    const Command& c = commands_[i];
     const Status st = c.enqueue(stream_);
     if (!st.ok()) {
       cudaGraph_t partial = nullptr;
@@ -211,14 +237,15 @@ Status PassRecorder::capture(cudaGraph_t* graph) {
   return Status::success();
 }
 
-Status PassRecorder::run_graph() {
-  const uint64_t hash = hash_words(full_);
+Status PassRecorder::run_graph(size_t n, const std::vector<uint64_t>& full, const std::vector<uint64_t>& shape) {
+  const uint64_t hash = hash_words(full);
   for (auto it = graphs_cache_.begin(); it != graphs_cache_.end(); ++it) {
-    if (it->hash != hash || it->full != full_) continue;
+    if (it->hash != hash || it->full != full) continue;
     graphs_cache_.splice(graphs_cache_.begin(), graphs_cache_, it);
-    KEV_CUDA_TRY(cudaGraphLaunch(graphs_cache_.front().exec, stream_));
+    it->pass = pass_serial_;
+    KEV_CUDA_TRY(cudaGraphLaunch(it->exec, stream_));
     ++graph_launches_;
-    how_ = "graph replay";
+    ++how_["graph replay"];
     return Status::success();
   }
   // The first sighting of a signature runs directly: a pass that never recurs does not pay for a
@@ -234,30 +261,32 @@ Status PassRecorder::run_graph() {
   if (!seen) {
     seen_.push_front(hash);
     if (seen_.size() > kMaxSeen) seen_.pop_back();
-    how_ = "direct (first sighting)";
-    return run_direct();
+    ++how_["direct (first sighting)"];
+    return run_direct(n);
   }
   cudaGraph_t graph = nullptr;
-  if (!capture(&graph).ok()) {
+  if (!capture(n, &graph).ok()) {
     // Recording a graph enqueued nothing, so the pass can still run directly; a real launch error
     // shows up there again, named by its op.
     ++capture_failures_;
-    how_ = "direct (capture failed)";
-    return run_direct();
+    ++how_["direct (capture failed)"];
+    return run_direct(n);
   }
   // Same topology and parameters but other addresses: update that exec in place instead of
-  // instantiating a new one.
+  // instantiating a new one — unless this pass launched it already (two segments of one pass with
+  // equal shape words would otherwise take the exec from each other on every pass).
   for (auto it = graphs_cache_.begin(); it != graphs_cache_.end(); ++it) {
-    if (it->shape != shape_) continue;
+    if (it->shape != shape || it->pass == pass_serial_) continue;
     cudaGraphExecUpdateResultInfo info{};
     if (cudaGraphExecUpdate(it->exec, graph, &info) == cudaSuccess) {
       it->hash = hash;
-      it->full = full_;
+      it->full = full;
+      it->pass = pass_serial_;
       graphs_cache_.splice(graphs_cache_.begin(), graphs_cache_, it);
       cudaGraphDestroy(graph);
-      KEV_CUDA_TRY(cudaGraphLaunch(graphs_cache_.front().exec, stream_));
+      KEV_CUDA_TRY(cudaGraphLaunch(it->exec, stream_));
       ++graph_launches_;
-      how_ = "graph capture + exec update";
+      ++how_["graph capture + exec update"];
       return Status::success();
     }
     cudaGetLastError();  // a refused update is not an error of the pass
@@ -269,17 +298,17 @@ Status PassRecorder::run_graph() {
   if (inst != cudaSuccess) {
     cudaGetLastError();
     ++capture_failures_;
-    how_ = "direct (instantiation failed)";
-    return run_direct();
+    ++how_["direct (instantiation failed)"];
+    return run_direct(n);
   }
-  graphs_cache_.push_front(GraphEntry{hash, full_, shape_, exec});
+  graphs_cache_.push_front(GraphEntry{hash, full, shape, exec, pass_serial_});
   while (graphs_cache_.size() > kMaxGraphs) {
     cudaGraphExecDestroy(graphs_cache_.back().exec);
     graphs_cache_.pop_back();
   }
   KEV_CUDA_TRY(cudaGraphLaunch(exec, stream_));
   ++graph_launches_;
-  how_ = "graph capture + instantiation";
+  ++how_["graph capture + instantiation"];
   return Status::success();
 }
 
@@ -337,41 +366,43 @@ Status PassRecorder::run_traced() {
     std::fprintf(stderr, "  %-44s %4d x %8.1f us = %8.1f us  %5.1f%%\n", label.c_str(), sum.calls,
                  1e3 * sum.ms / sum.calls, 1e3 * sum.ms, 100 * sum.ms / total);
   }
-  how_ = "direct, traced per op";
+  ++how_["direct, traced per op"];
   return Status::success();
 }
 
 Status PassRecorder::flush() {
-  if (commands_.empty()) return Status::success();
+  if (pass_ops_.empty()) return Status::success();
   KEV_CUDA_TRY(cudaSetDevice(device_));
   ++passes_;
-  how_ = "direct";
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   // The per-op trace gates only passes it has seen before: a first sighting may load kernel modules
-  // lazily, which can wait for the device while the gate holds it.
+  // lazily, which can wait for the device while the gate holds it. (It never segments, so the whole
+  // pass is pending here.)
   bool traced = false;
   if (trace_ == Trace::Ops && commands_.size() > 1) {
     const uint64_t shape_hash = hash_words(shape_);
     traced = std::find(traced_shapes_.begin(), traced_shapes_.end(), shape_hash) != traced_shapes_.end();
     if (!traced) traced_shapes_.push_back(shape_hash);
   }
-  const Status run = traced                                 ? run_traced()
-                     : graphs_ && commands_.size() > 1    ? run_graph()
-                                                          : run_direct();
+  Status run = pending_;
+  if (run.ok() && !commands_.empty()) run = traced ? run_traced() : launch(commands_.size());
   const auto t1 = Clock::now();
   const cudaError_t sync = cudaStreamSynchronize(stream_);
-  if (trace_ != Trace::Off && commands_.size() > 1) {
+  const size_t n = pass_ops_.size();
+  if (trace_ != Trace::Off && n > 1) {
     const auto t2 = Clock::now();
+    std::string how;
+    for (const auto& [kind, count] : how_) how += cat(how.empty() ? "" : ", ", count, " ", kind);
     std::fprintf(stderr,
-                 "kev-cuda-trace pass %llu: %zu commands, %s, recorded in %.3f ms, enqueue %.3f ms, wall %.3f ms\n",
-                 static_cast<unsigned long long>(passes_), commands_.size(), how_,
+                 "kev-cuda-trace pass %llu: %zu commands (segments: %s), recorded in %.3f ms, final enqueue %.3f ms, "
+                 "wall %.3f ms\n",
+                 static_cast<unsigned long long>(passes_), n, how.c_str(),
                  std::chrono::duration<double, std::milli>(t0 - first_record_).count(),
                  std::chrono::duration<double, std::milli>(t1 - t0).count(),
                  std::chrono::duration<double, std::milli>(t2 - t0).count());
   }
   const std::string ops = pass_ops();
-  const size_t n = commands_.size();
   clear_pass();
   KEV_TRY(run);
   KEV_CHECK(sync == cudaSuccess, ErrorCode::Device, "cuda: a pass of ", n, " commands failed on the GPU: ",

@@ -20,13 +20,13 @@ constexpr uint32_t kChunk = 64;   // GDN chunk length (gated_delta_net*.wgsl)
 constexpr uint32_t kRecurSlice = 8;  // GDN state columns per recurrence workgroup (gated_delta_net.wgsl)
 constexpr uint32_t kOutSlice = 16;   // GDN output columns per workgroup (gated_delta_net_out.wgsl)
 constexpr int64_t kAttnRows = 64;  // query rows (tokens × heads of a KV group) per attention workgroup
-constexpr int64_t kAttnKeys = 32;  // keys per attention key tile (attention.wgsl)
+constexpr int64_t kAttnKeys = 64;  // keys per attention key tile (attention.wgsl)
 // Key splits (flash-decoding): a pass's key tiles spread over at least about two workgroups per
-// multiprocessor of a large GPU (an H200 has 132), at most 16 splits a tile and at least 2 key tiles
+// multiprocessor of a large GPU (an H200 has 132), at most 16 splits a tile and at least one key tile
 // (64 keys) a split. Estimated from occupancy, not measured: tune on the GPU.
 constexpr int64_t kAttnTargetGroups = 264;
 constexpr int64_t kAttnMaxSplits = 16;
-constexpr int64_t kAttnMinSplitTiles = 2;
+constexpr int64_t kAttnMinSplitTiles = 1;
 constexpr uint64_t kMatmulTile = 128;            // output tile edge of matmul.wgsl's `matmul`
 constexpr uint64_t kMatmulSmallTile = 64;        // ... of its `matmul_small`
 constexpr uint64_t kMatmulMinLargeTiles = 264;   // `matmul` from this many 128×128 output tiles
@@ -559,11 +559,10 @@ Status WebGpuBackend::rope(const Tensor& x, const SeqLayout& layout, int64_t n_r
   device_->begin_op();
   if (half == 0 || x.shape[0] == 0 || H == 0) return Status::success();
   const int64_t max_len = layout.longest();
-  // Angles in double on the host, as the CPU backend does (see rope.wgsl); computed and staged once
-  // per pass for each (positions, n_rot, theta).
-  const RopeTable key{device_->flushes(), layout.pos0, max_len, n_rot, theta, Binding{}};
-  if (!rope_table_ || rope_table_->flushes != key.flushes || rope_table_->pos0 != key.pos0 ||
-      rope_table_->max_len != key.max_len || rope_table_->n_rot != key.n_rot || rope_table_->theta != key.theta) {
+  // Angles in double on the host, as the CPU backend does (see rope.wgsl); computed once for each
+  // (positions, n_rot, theta) and staged once per pass.
+  if (!rope_table_ || rope_table_->pos0 != layout.pos0 || rope_table_->max_len != max_len ||
+      rope_table_->n_rot != n_rot || rope_table_->theta != theta) {
     std::vector<float> table(static_cast<size_t>(max_len * 2 * half));
     for (int64_t i = 0; i < half; ++i) {
       const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
@@ -573,9 +572,12 @@ Status WebGpuBackend::rope(const Tensor& x, const SeqLayout& layout, int64_t n_r
         table[t * 2 * half + half + i] = static_cast<float>(std::sin(phi));
       }
     }
-    KEV_ASSIGN_OR_RETURN(Binding staged, device_->stage(table.data(), table.size() * sizeof(float)));
-    rope_table_ = key;
-    rope_table_->binding = staged;
+    rope_table_ = RopeTable{layout.pos0, max_len, n_rot, theta, std::move(table), 0, Binding{}};
+  }
+  if (rope_table_->binding.buffer == nullptr || rope_table_->flushes != device_->flushes()) {
+    const std::vector<float>& values = rope_table_->values;
+    KEV_ASSIGN_OR_RETURN(rope_table_->binding, device_->stage(values.data(), values.size() * sizeof(float)));
+    rope_table_->flushes = device_->flushes();
   }
   const Binding bt = rope_table_->binding;
   KEV_ASSIGN_OR_RETURN(Binding offsets, stage_offsets(layout));

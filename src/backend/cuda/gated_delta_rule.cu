@@ -10,7 +10,8 @@
 // Chunked (WY / UT) form, chunks of C = 64 tokens, S₀ the state entering the chunk:
 //   Γ_i = Σ_{t<=i} g_t (within the chunk, in double), γ_i = e^{Γ_i}, D_ij = e^{Γ_i−Γ_j} (j <= i);
 //   L = I + M, M_ij = β_i (k_i·k_j) D_ij (j < i), unit lower triangular;
-//   Δ = L⁻¹ R with R = diag(β)(V − diag(γ) K S₀)          (forward substitution, no inverse formed)
+//   Δ = L⁻¹ R with R = diag(β)(V − diag(γ) K S₀), by blocks of 16 rows b (L_bc = M_bc below the diagonal):
+//     Δ_b = T_b (R_b − Σ_{c<b} M_bc Δ_c), T_b = L_bb⁻¹ (only the four 16×16 diagonal blocks are inverted);
 //   O = diag(γ) Q S₀ + P Δ with P_ij = (q_i·k_j) D_ij (j <= i);
 //   S₀ ← γ_{C−1} S₀ + (diag(w) K)ᵀ Δ, w_j = D_{C−1,j}.
 // This equals the CPU FAST form (L [U | W] = [diag(β)V | diag(βγ)K], Δ = U − W S₀) because
@@ -30,7 +31,8 @@
 // dk = 128 sums are flushed into an FP32 register sum halfway, and the state update adds its fresh
 // chunk sum to γ_{C−1} S₀ in FP32. Fragment mapping (lane = 4g + t): A (16×8, row-major) a0..a3 =
 // A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]; B (8×8) b0, b1 = B[t][g], B[t+4][g]; the accumulator
-// c0..c3 = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. The forward substitution stays SIMT FP32.
+// c0..c3 = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. The blocked substitution's products
+// (M_bc Δ_c, T_b Y_b) run the same way; T_b itself comes from a scalar substitution in double.
 //
 // Layout. q, k [n, Hk, dk] with row stride qk_token_stride; v, out [n, Hv, dv] with row strides
 // v_token_stride / out_token_stride; g, beta [n, Hv] with row stride gate_token_stride; state_in,
@@ -43,11 +45,14 @@
 // P_ij = (q_i·k_j) D_ij (j <= i) and M_ij = β_i (k_i·k_j) D_ij (j < i) of every chunk, off the
 // sequential path: grid (max_chunks, Hk, 2) (z: Q Kᵀ or K Kᵀ), 256 threads; the raw product of a chunk
 // and key head is formed once (warp w: m16n8 tiles w, w+8, w+16 of the 10 lower 16×16 blocks) and
-// then scaled by each of the Hv/Hk value heads' decays (and β) in turn. They go to the workspace,
-// [max_chunks, Hv, 2, C, C] floats with max_chunks = (n_tokens + (C − 1)·n_seqs) / C >= Σ ceil(len_r / C)
-// (blocks above the diagonal written as zero); chunks are numbered sequence by sequence and a block
-// past the pass's last chunk returns. Q and K rows arrive by cp.async (all copies in flight at once).
-// Shared memory: Q, K and Γ, 66.5 KiB at dk = 128.
+// then scaled by each of the Hv/Hk value heads' decays (and β) in turn; for M, 64 threads then invert
+// the diagonal blocks (I + M_bb, unit lower triangular; thread (b, col) solves for column col by
+// forward substitution in double, off the sequential path), and T_b takes M_bb's place. They go to the
+// workspace, [max_chunks, Hv, 2, C, C] floats (P, then M with T_b on its diagonal; blocks above the
+// diagonal written as zero). Sequence r's chunks are numbered from r + offsets[r] / C (O(1) to find,
+// never overlapping, at most one unused index per sequence), so max_chunks = n_seqs + n_tokens / C;
+// a block finds its sequence by a binary search and returns when its index is unused. Q and K rows
+// arrive by cp.async (all copies in flight at once). Shared memory: Q, K and Γ, 66.5 KiB at dk = 128.
 // (2) gdn_chunked_kernel, the recurrence. Column j of S evolves using only column j of S and v (q, k,
 // g, β are shared), so the dv columns are split into slices of 32 (masked past dv): grid
 // (ceil(dv/32), Hv, n_seqs), 256 threads, one block walking its sequence's chunks in order with its
@@ -56,8 +61,9 @@
 // sequence, the 0.8B (Hv = 16) 64. Each block reads its q/k/v/g/β rows once and writes its out columns
 // once. Per chunk: load (Q, K, V slice, g, β; Γ by a warp scan in double) | P and M from the workspace
 // into registers; [Q;K]·S₀ (warp w: rows 16·(w%4).. of Q and of K, columns 16·(w/4)..; R written over
-// V, γQS₀ kept in registers) | store P and M over the dead Q | forward substitution (warp w owns 4
-// columns, 8 lanes per column, right-looking with Δ in registers) | O = γQS₀ + PΔ on the same tiles,
+// V, γQS₀ kept in registers) | store P and M over the dead Q | blocked substitution (warp w < 4 owns
+// the n8 column tile 8w.., which depends on no other column, so it needs only warp-level syncs; Y_b
+// and Δ_b overwrite R in place; warps 4..7 wait at the barrier) | O = γQS₀ + PΔ on the same tiles,
 // written to out; state update on the state tiles, S₀ copy rewritten. Shared memory (rows padded so
 // that fragment reads hit 32 banks: Q, K, P, M by 4 floats, S₀ and V/R/Δ by 8): 98.25 KiB at
 // dk = 128 (72.25 at 64, 59.25 at 32), within the 99 KiB per-block limit of sm_86/sm_89. Registers:
@@ -68,9 +74,10 @@
 // (4B, 6 rows: 768) run in half the waves. Both grids depend only on dv, Hk, Hv, n_tokens and
 // n_seqs, never on the offsets' values (CUDA graph replay); the variant is part of the recorded
 // command's signature. A short chunk (cn < 64: a Kev row of ~40 tokens is one) skips the 16-row
-// tiles of M, P, [Q;K]·S₀ and PΔ, the k-steps and the substitution steps that lie wholly in the zero
-// padding, whose results are exactly zero.
-// Dtypes: FP32 in, out and state; products 3xTF32 with FP32 accumulation; double only for Γ.
+// tiles of M, P, [Q;K]·S₀ and PΔ, the k-steps and the substitution blocks that lie wholly in the zero
+// padding, whose results are exactly zero (in a partly padded block, the padded rows of M are zero and
+// those of T_b are rows of I, so Δ stays zero there).
+// Dtypes: FP32 in, out and state; products 3xTF32 with FP32 accumulation; double only for Γ and T_b.
 // Preconditions (gated_delta_rule_supported): dk ∈ {32, 64, 128}, dv >= 1, Hk >= 1 divides Hv,
 // Hv <= 65535; at launch also 1 <= n_seqs <= 65535 and state_out only with n_seqs == 1; sm_80 or
 // newer (TF32 mma, cp.async). Global accesses are 16-byte (out: 8-byte) when q/k/v/out are 16-byte
@@ -101,6 +108,10 @@ constexpr int kMaxGridYZ = 65535;
 // Most products one tensor-core accumulator sums from zero (64 dimensions): the FP32 accumulation
 // inside mma truncates, so longer sums are flushed into an FP32 register sum.
 constexpr int kRun = 64;
+
+// Floats between the 16×16 diagonal blocks M_bb that the products kernel inverts: ≡ 4 (mod 32), so
+// that the two blocks one warp reads sit in different banks.
+constexpr int kDiagPitch = 16 * 16 + 4;
 
 constexpr int cmax(int x, int y) { return x > y ? x : y; }
 
@@ -176,16 +187,29 @@ __device__ __forceinline__ void scan_gates(const float gate[4], int lane, double
   bet[lane + 32] = gate[3];
 }
 
-// Global index of sequence r's first chunk (chunks are numbered sequence by sequence).
-__device__ __forceinline__ int first_chunk(const int32_t* offsets, int r) {
-  int c = 0;
-  for (int i = 0; i < r; ++i) c += (offsets[i + 1] - offsets[i] + kChunk - 1) / kChunk;
-  return c;
+// Global index of sequence r's first chunk: r + offsets[r] / C, found in O(1). The sequences' ranges
+// never overlap, since ceil(len_r / C) <= len_r / C + 1 and offsets[r] / C + len_r / C <=
+// offsets[r + 1] / C (integer division); each sequence leaves a gap of at most one index.
+__device__ __forceinline__ int first_chunk(const int32_t* offsets, int r) { return r + offsets[r] / kChunk; }
+
+// The sequence whose chunk range may hold global chunk c: the last r with first_chunk(r) <= c
+// (first_chunk increases strictly with r, so a binary search finds it).
+__device__ __forceinline__ int chunk_seq(const int32_t* offsets, int n_seqs, int c) {
+  int lo = 0, hi = n_seqs;  // invariant: first_chunk(lo) <= c < first_chunk(hi), first_chunk(n_seqs) = ∞
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (first_chunk(offsets, mid) <= c) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
 }
 
-// Upper bound of the chunks of a pass: Σ ceil(len_r / C) <= (n_tokens + (C − 1)·n_seqs) / C.
+// Chunk indices of a pass: the last sequence's range ends at or before n_seqs + n_tokens / C.
 int64_t max_chunks(const GdnArgs& a) {
-  return (static_cast<int64_t>(a.n_tokens) + static_cast<int64_t>(kChunk - 1) * a.n_seqs) / kChunk;
+  return a.n_tokens > 0 ? static_cast<int64_t>(a.n_seqs) + a.n_tokens / kChunk : 0;
 }
 
 template <int DK>
@@ -197,6 +221,7 @@ struct GdnProductLayout {
   static constexpr int kFloats = kBeta + kChunk;
   static constexpr size_t kBytes = kChunk * sizeof(double) + kFloats * sizeof(float);
   static_assert(kQ % 4 == 0, "float4 alignment");
+  static_assert(4 * kDiagPitch <= kChunk * kLdQK, "the diagonal blocks M_bb fit in Q's space");
   static_assert(kBytes <= 99 * 1024, "shared memory exceeds the smallest supported per-block limit");
 };
 
@@ -214,20 +239,14 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
   float* Ks = base + Lay::kK;
   float* Qs = base + Lay::kQ;
   float* bet = base + Lay::kBeta;
+  // K Kᵀ blocks (z = 1) load no Q: its space holds the diagonal blocks M_bb (16×16 each) while they are inverted.
+  float* Mdiag = Qs;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int c = blockIdx.x, kh = blockIdx.y;
   const bool isP = blockIdx.z == 0;
-  int t0 = -1, end = 0;
-  for (int r = 0, first = 0; r < a.n_seqs; ++r) {
-    const int b = a.offsets[r], e = a.offsets[r + 1], n = (e - b + kChunk - 1) / kChunk;
-    if (c < first + n) {
-      t0 = b + (c - first) * kChunk;
-      end = e;
-      break;
-    }
-    first += n;
-  }
-  if (t0 < 0) return;
+  const int r = chunk_seq(a.offsets, a.n_seqs, c), end = a.offsets[r + 1];
+  const int t0 = a.offsets[r] + (c - first_chunk(a.offsets, r)) * kChunk;
+  if (t0 >= end) return;  // a gap in the numbering, or past the pass's last chunk
   const int cn = min(kChunk, end - t0), group = a.Hv / a.Hk;
   // K (and Q for P) rows by cp.async, zero past cn: every copy is in flight at once (a plain load /
   // store loop waits out one global latency per iteration, since the stores may alias the loads).
@@ -311,12 +330,35 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
             if (!isP) val[e] *= bet[i];
           }
         }
-        *reinterpret_cast<float2*>(dst + i * kChunk + j) = make_float2(val[0], val[1]);
+        if (!isP && bi == bj) {  // M_bb: inverted below
+          *reinterpret_cast<float2*>(Mdiag + bi * kDiagPitch + (g + 8 * half) * 16 + j - 16 * bj) =
+              make_float2(val[0], val[1]);
+        } else {
+          *reinterpret_cast<float2*>(dst + i * kChunk + j) = make_float2(val[0], val[1]);
+        }
       }
     }
     for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
       const int i = idx / kChunk, j = idx % kChunk;
       if (j / 16 > i / 16) dst[idx] = 0.0f;
+    }
+    if (!isP) {
+      // T_b = (I + M_bb)⁻¹, unit lower triangular, into M's diagonal block b: thread (b, col) solves
+      // (I + M_bb) x = e_col by forward substitution in double (x_i = 0 above col comes out by itself).
+      __syncthreads();
+      if (tid < 4 * 16) {
+        const int b = tid >> 4, col = tid & 15;
+        const float* mb = Mdiag + b * kDiagPitch;
+        double x[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          double xi = i == col ? 1.0 : 0.0;
+#pragma unroll
+          for (int m = 0; m < i; ++m) xi -= static_cast<double>(mb[i * 16 + m]) * x[m];
+          x[i] = xi;
+          dst[(16 * b + i) * kChunk + 16 * b + col] = static_cast<float>(xi);
+        }
+      }
     }
   }
 }
@@ -525,32 +567,43 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
       if (warp == 0) fetch_gates(a, h, t0 + kChunk, end, lane, gate);
     }
 
-    // ---- forward substitution L Δ = R: warp w owns columns 4w..4w+3, 8 lanes per column ----
-    // Right-looking: lane `part` keeps the running sums of rows ≡ part (mod 8). Once row j's sum is
-    // complete its owner finalises Δ_j, one shuffle hands it to the column's other lanes, and every
-    // later row adds M_ij Δ_j. The dependent chain per row is one subtraction, one shuffle and one FMA.
-    {
-      const int part = lane & 7, col = 4 * warp + (lane >> 3), owner0 = lane & ~7;
-      float acc[kChunk / 8], dl[kChunk / 8];  // row 8m + part: Σ_j M_ij Δ_j so far, then Δ
+    // ---- blocked forward substitution L Δ = R, 16-row blocks b ----
+    // Δ_b = T_b (R_b − Σ_{c<b} M_bc Δ_c) with T_b = L_bb⁻¹ in M's diagonal block (products kernel): per
+    // block one k-run over the solved rows and one 16-deep product, four dependent steps instead of 64.
+    // Column j of Δ needs only column j of R, so warp w < 4 solves the slice's n8 column tile 8w.. on its
+    // own (warp-level syncs only); Y_b = R_b − Σ, then Δ_b, overwrite R_b in place. Blocks wholly in the
+    // padding are skipped: R = 0 there, and so is Δ.
+    if (warp < 4) {
+      const int nc = 8 * warp;
 #pragma unroll
-      for (int m = 0; m < kChunk / 8; ++m) acc[m] = dl[m] = 0.0f;
+      for (int rb = 0; rb < kChunk; rb += 16) {
+        if (rb >= cn) break;
+        float big[4] = {}, lh[4] = {}, hl[4] = {};
 #pragma unroll
-      for (int j = 0; j < kChunk; ++j) {
-        if (j >= cn) break;  // padded rows: R = 0 and M = 0, so Δ stays 0 there
-        float dj = 0.0f;
-        if (part == (j & 7)) dj = dl[j >> 3] = Rs[j * LV + col] - acc[j >> 3];
-        dj = __shfl_sync(0xffffffffu, dj, owner0 + (j & 7));
-#pragma unroll
-        for (int m = 0; m < kChunk / 8; ++m) {
-          if (8 * m + 7 > j) {
-            const int i = 8 * m + part;
-            if (i > j) acc[m] = fmaf(Ms[i * LCC + j], dj, acc[m]);
-          }
+        for (int k0 = 0; k0 < rb; k0 += 8) {  // Σ_{c<b} M_bc Δ_c: at most 48 products (kRun)
+          uint32_t ah[4], al[4], bh[2], bl[2];
+          load_a(Ms + rb * LCC + k0, LCC, g, t, ah, al);
+          load_b(Rs + (k0 + t) * LV + nc + g, 4 * LV, bh, bl);
+          mma_3xtf32(big, lh, hl, ah, al, bh, bl);
         }
-      }
-      // Each lane reads and writes only rows ≡ part (mod 8) of its column, so in place is safe.
+        float* ry = Rs + (rb + g) * LV + nc + 2 * t;  // this lane's accumulator elements of block b
 #pragma unroll
-      for (int m = 0; m < kChunk / 8; ++m) Rs[(8 * m + part) * LV + col] = dl[m];
+        for (int e = 0; e < 4; ++e) ry[8 * (e >> 1) * LV + (e & 1)] -= big[e] + (lh[e] + hl[e]);
+        __syncwarp();
+#pragma unroll
+        for (int e = 0; e < 4; ++e) big[e] = lh[e] = hl[e] = 0.0f;
+#pragma unroll
+        for (int k0 = 0; k0 < 16; k0 += 8) {  // T_b Y_b
+          uint32_t ah[4], al[4], bh[2], bl[2];
+          load_a(Ms + rb * LCC + rb + k0, LCC, g, t, ah, al);
+          load_b(Rs + (rb + k0 + t) * LV + nc + g, 4 * LV, bh, bl);
+          mma_3xtf32(big, lh, hl, ah, al, bh, bl);
+        }
+        __syncwarp();  // every lane has read Y_b
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ry[8 * (e >> 1) * LV + (e & 1)] = big[e] + (lh[e] + hl[e]);
+        __syncwarp();  // Δ_b is visible to the warp's next blocks
+      }
     }
     __syncthreads();
 

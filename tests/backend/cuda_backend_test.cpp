@@ -495,6 +495,138 @@ TEST(CudaMatmul, ProducerWritingTheF16InputKeepsTheBits) {
   }
 }
 
+// An F16-weight matmul without bias followed by the op that reads exactly its out (add_rms_norm's y;
+// swiglu's gate and up, the two halves of every row) leaves its row rescale to that op
+// (cuda_backend.cpp's fold_rescale; norms.cu, elementwise.cu): the op's results and the matmul's out
+// (rows scaled back where their scale is not 1) must keep the bits of the separate rescale, which a
+// synchronize() between the ops forces. The matmul's input rows range over 1e-6 ... 1e6, so many rows
+// are scaled. The fused pass runs three times (direct, captured, replayed). Cases: add_rms_norm on the
+// row kernel (d = 2560), the warp kernel (256) and the scalar one (d = 100); swiglu vectorised and
+// scalar; Kev's MLP chain gate_up → swiglu → down → add_rms_norm → next matmul, where swiglu and the
+// norm also write the next matmul's FP16 input (row and warp kernels); and ops that must leave the
+// rescale alone: y another tensor, y the first half of the out rows, a matmul with bias, swiglu's halves
+// swapped, swiglu's gate from another tensor.
+enum class Consumer { AddRmsNorm, Swiglu, MlpChain };
+enum class Reads { Out, Other, FirstHalf, Bias, Swapped };
+struct RescaleFoldCase {
+  const char* name;
+  Consumer consumer;
+  int64_t n, k, d;  // matmul x [n, k]; the consumer's rows of d (add_rms_norm: m = d; swiglu, chain: m = 2d)
+  Reads reads;
+};
+
+TEST(CudaMatmul, ConsumerTakingOverTheRowRescaleKeepsTheBits) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  using testing::make_f32;
+  using testing::randn;
+  const RescaleFoldCase cases[] = {
+      {"add_rms_norm wide", Consumer::AddRmsNorm, 26, 512, 2560, Reads::Out},
+      {"add_rms_norm 256", Consumer::AddRmsNorm, 29, 384, 256, Reads::Out},
+      {"add_rms_norm scalar", Consumer::AddRmsNorm, 13, 256, 100, Reads::Out},
+      {"add_rms_norm one row", Consumer::AddRmsNorm, 1, 256, 1024, Reads::Out},
+      {"swiglu", Consumer::Swiglu, 26, 512, 1024, Reads::Out},
+      {"swiglu scalar", Consumer::Swiglu, 13, 256, 50, Reads::Out},
+      {"mlp chain wide", Consumer::MlpChain, 26, 1024, 1024, Reads::Out},
+      {"mlp chain 256", Consumer::MlpChain, 26, 256, 256, Reads::Out},
+      {"add_rms_norm, other y", Consumer::AddRmsNorm, 13, 256, 1024, Reads::Other},
+      {"add_rms_norm, first half", Consumer::AddRmsNorm, 13, 256, 1024, Reads::FirstHalf},
+      {"add_rms_norm, matmul bias", Consumer::AddRmsNorm, 13, 256, 1024, Reads::Bias},
+      {"swiglu, halves swapped", Consumer::Swiglu, 13, 256, 512, Reads::Swapped},
+      {"swiglu, other gate", Consumer::Swiglu, 13, 256, 512, Reads::Other},
+  };
+  for (const RescaleFoldCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int64_t n = c.n, k = c.k, d = c.d;
+    const int64_t m = c.consumer == Consumer::AddRmsNorm && c.reads != Reads::FirstHalf ? d : 2 * d;
+    // Token t's rows ~ 10^(t mod 13 − 6): the matmul's input and the residual alike, so the sum keeps
+    // the low bits of the small rows.
+    auto spread = [&](std::vector<float> v, int64_t cols) {
+      for (int64_t t = 0; t < n; ++t) {
+        const float mag = std::pow(10.0f, static_cast<float>(t % 13 - 6));
+        for (int64_t j = 0; j < cols; ++j) v[static_cast<size_t>(t * cols + j)] *= mag;
+      }
+      return v;
+    };
+    const std::vector<float> xv = spread(randn(static_cast<size_t>(n * k), 1.0f, 71), k);
+    const std::vector<float> rv = spread(randn(static_cast<size_t>(n * d), 1.0f, 72), d);
+    const testing::DeviceTensor w1 =
+        upload_weight(*gpu, m, k, half_exact_weights(static_cast<size_t>(m * k), 0.05f, 73), DType::F16);
+    // The chain's down [k, d] (back to the residual's width k = d) and next projection [64, k].
+    const int64_t m3 = 64;
+    const testing::DeviceTensor w2 =
+        upload_weight(*gpu, k, d, half_exact_weights(static_cast<size_t>(k * d), 0.05f, 74), DType::F16);
+    const testing::DeviceTensor w3 =
+        upload_weight(*gpu, m3, k, half_exact_weights(static_cast<size_t>(m3 * k), 0.05f, 75), DType::F16);
+    ASSERT_TRUE(w1.buffer && w2.buffer && w3.buffer);
+    const int64_t width = c.consumer == Consumer::MlpChain ? k : d;  // the residual's
+    ASSERT_TRUE(c.consumer != Consumer::MlpChain || k == d);
+    auto x = make_f32(*gpu, {n, k}), r = make_f32(*gpu, {n, width}), mm = make_f32(*gpu, {n, m});
+    auto gain = make_f32(*gpu, {width}, randn(static_cast<size_t>(width), 0.1f, 76));
+    auto bias = make_f32(*gpu, {m}, randn(static_cast<size_t>(m), 1.0f, 77));
+    auto other = make_f32(*gpu, {n, d}, spread(randn(static_cast<size_t>(n * d), 1.0f, 78), d));
+    auto act = make_f32(*gpu, {n, d}), down = make_f32(*gpu, {n, k}), a = make_f32(*gpu, {n, width});
+    auto next = make_f32(*gpu, {n, m3});
+    const Tensor lo = mm.t.slice(1, 0, m / 2), hi = mm.t.slice(1, m / 2, m / 2);
+    auto pass = [&](bool apart) {
+      auto ok = [](const Status& st) { EXPECT_TRUE(st.ok()) << st.to_string(); };
+      auto gap = [&] {
+        if (apart) ok(gpu->synchronize());
+      };
+      ok(gpu->upload(x.t, xv.data(), xv.size() * 4));
+      ok(gpu->upload(r.t, rv.data(), rv.size() * 4));
+      ok(gpu->matmul(x.t, w1.t, c.reads == Reads::Bias ? bias.t : Tensor{}, mm.t));
+      gap();
+      switch (c.consumer) {
+        case Consumer::AddRmsNorm: {
+          const Tensor y = c.reads == Reads::Other ? other.t : c.reads == Reads::FirstHalf ? lo : mm.t;
+          ok(gpu->add_rms_norm(r.t, y, gain.t, 1e-6f, a.t));
+          break;
+        }
+        case Consumer::Swiglu:
+          if (c.reads == Reads::Swapped) {
+            ok(gpu->swiglu(hi, lo, act.t));
+          } else {
+            ok(gpu->swiglu(c.reads == Reads::Other ? other.t : lo, hi, act.t));
+          }
+          break;
+        case Consumer::MlpChain:
+          ok(gpu->swiglu(lo, hi, act.t));
+          gap();
+          ok(gpu->matmul(act.t, w2.t, Tensor{}, down.t));
+          gap();
+          ok(gpu->add_rms_norm(r.t, down.t, gain.t, 1e-6f, a.t));
+          gap();
+          ok(gpu->matmul(a.t, w3.t, Tensor{}, next.t));
+          break;
+      }
+      std::vector<float> all;
+      for (const Tensor* t : {&mm.t, &r.t, &a.t, &act.t, &down.t, &next.t, &other.t}) {
+        const std::vector<float> v = testing::read_f32(*gpu, *t);
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      return all;
+    };
+    const std::vector<float> want = pass(true);
+    // The products must be finite (FP16 alone would overflow the 1e6 rows) and the consumer's output
+    // must hold more than zeros: at least half of it (swiglu's silu of a gate below about −104 is
+    // exactly 0, so the rows of 1e3 and up hold zeros where their gate is negative).
+    size_t finite = 0, nonzero = 0;
+    for (int64_t i = 0; i < n * m; ++i) finite += std::isfinite(want[static_cast<size_t>(i)]);
+    EXPECT_EQ(finite, static_cast<size_t>(n * m));
+    const size_t at = static_cast<size_t>(n * m + n * width);  // a, then act
+    for (size_t i = at; i < at + static_cast<size_t>(n * (width + d)); ++i) nonzero += want[i] != 0.0f;
+    EXPECT_GE(nonzero,
+              static_cast<size_t>(n * (c.consumer == Consumer::MlpChain ? width + d : std::min(width, d)) / 2));
+    for (int run = 0; run < 3; ++run) {
+      const std::vector<float> got = pass(false);
+      ASSERT_EQ(got.size(), want.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+      EXPECT_EQ(differ, 0u) << "run " << run << " (0 direct, 1 captured, 2 replayed)";
+    }
+  }
+}
+
 // ---- graph replay -----------------------------------------------------------------------------------
 
 // A small pass touching every recording path: a staged upload, a layout upload, cuBLASLt, and

@@ -366,6 +366,7 @@ class CudaBackend final : public Backend {
     a.w = f32p(w);
     a.z = f32p(y);
     a.z_rows = rows_of(y);
+    a.z_scales = pending_rescale(y, Tensor{});
     a.sum = f32p(x);
     return record_norm(kOp, a, x, y, w, out, eps);
   }
@@ -425,13 +426,13 @@ class CudaBackend final : public Backend {
                    const SeqLayout& layout, float scale, const Tensor& out) override;
 
   Status sigmoid_mul(const Tensor& x, const Tensor& gate, const Tensor& out) override {
-    return record_binary("sigmoid_mul", cuda::BinaryKind::SigmoidMul, x, gate, out);
+    return record_binary("sigmoid_mul", cuda::BinaryKind::SigmoidMul, x, gate, nullptr, out);
   }
   Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
-    return record_binary("swiglu", cuda::BinaryKind::Swiglu, gate, up, out);
+    return record_binary("swiglu", cuda::BinaryKind::Swiglu, gate, up, pending_rescale(gate, up), out);
   }
   Status add(const Tensor& a, const Tensor& b, const Tensor& out) override {
-    return record_binary("add", cuda::BinaryKind::Add, a, b, out);
+    return record_binary("add", cuda::BinaryKind::Add, a, b, nullptr, out);
   }
 
   Status pointer_logits(const Tensor& u, const Tensor& kappa, const Tensor& question, float scale,
@@ -518,6 +519,7 @@ class CudaBackend final : public Backend {
     CommandSig sig;
     for (const Tensor* t : {&x, &z, &w, &out}) sig_tensor(sig, *t);
     sig.word(eps, a.scale);
+    if (a.z_scales) KEV_TRY(fold_rescale(sig));
     recorder_->record(op, sig, [=](cudaStream_t s) { return launched(cuda::launch_norm(a, s), op); });
     noted_producer(op, std::move(sig), out, [=](uint16_t* xs, float* scales, int group) -> cuda::PassRecorder::Enqueue {
       cuda::NormArgs b = a;
@@ -567,24 +569,62 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  Status record_binary(const char* op, cuda::BinaryKind kind, const Tensor& x, const Tensor& y, const Tensor& out) {
+  // The row scales of the F16-weight matmul recorded last, in this pass, when its GEMM needs only them
+  // (no bias) and the op about to be recorded reads exactly its out: `lo` alone the same [n, m] rows, or
+  // lo and hi the two halves of every row ([n, m/2] views at columns 0 and m/2: swiglu's gate and up),
+  // so the op reads every value the rescale would write, each in its token's row. Else null. Checks
+  // only; the op calls fold_rescale once its own operands are validated.
+  const float* pending_rescale(const Tensor& lo, const Tensor& hi) const {
+    const ScaledMatmul& mm = last_scaled_;
+    if (!mm.unscaled || mm.pass != recorder_->pass_serial() || mm.recorded != recorder_->recorded()) return nullptr;
+    const Tensor& o = mm.out;
+    const int64_t n = o.shape[0], m = o.shape[1], half = hi.empty() ? m : m / 2;
+    auto rows_of_out = [&](const Tensor& t, int64_t col) {
+      return t.rank == 2 && t.shape[0] == n && t.shape[1] == half && t.stride[1] == 1 &&
+             (n <= 1 || t.stride[0] == o.stride[0]) && f32p(t) == f32p(o) + col;
+    };
+    const bool whole = hi.empty() ? rows_of_out(lo, 0) : m % 2 == 0 && rows_of_out(lo, 0) && rows_of_out(hi, half);
+    return whole ? mm.scales : nullptr;
+  }
+
+  // Re-records the matmul pending_rescale found without its row rescale, which the op recorded next
+  // (whose signature `sig` gains the scales) now applies as it reads the rows.
+  Status fold_rescale(CommandSig& sig) {
+    ScaledMatmul& mm = last_scaled_;
+    KEV_CHECK(mm.unscaled && mm.pass == recorder_->pass_serial() && mm.recorded == recorder_->recorded(),
+              ErrorCode::Internal, "fold_rescale: the matmul is no longer the last command recorded");
+    CommandSig msig = mm.sig;
+    msig.word(uint64_t{1});  // rescale folded into the next op
+    KEV_TRY(recorder_->replace_last("matmul", msig, std::move(mm.unscaled),
+                                    trace_label([&] { return cat(mm.label, " rescale folded"); })));
+    sig.word(uint64_t{1});  // applies the previous matmul's rescale
+    sig.ptr(mm.scales);
+    mm = ScaledMatmul{};
+    return Status::success();
+  }
+
+  // in_scales: from pending_rescale (x's and y's rows as the matmul just recorded left them), or null.
+  Status record_binary(const char* op, cuda::BinaryKind kind, const Tensor& x, const Tensor& y,
+                       const float* in_scales, const Tensor& out) {
     KEV_TRY(ready(op));
     KEV_TRY(cpu::check_binary(bound(op), x, y, out));
     KEV_TRY(check_rows(bound(op), x));
     KEV_TRY(check_elementwise(bound(op), x));
     CommandSig sig;
     for (const Tensor* t : {&x, &y, &out}) sig_tensor(sig, *t);
+    if (in_scales) KEV_TRY(fold_rescale(sig));
     const float *xp = f32p(x), *yp = f32p(y);
     float* op_ = f32p(out);
     const cuda::Rows xr = rows_of(x), yr = rows_of(y), orows = rows_of(out);
     const int64_t d = x.dim(-1);
     recorder_->record(op, sig, [=](cudaStream_t s) {
-      return launched(cuda::launch_binary(kind, xp, xr, yp, yr, op_, orows, d, s), op);
+      return launched(cuda::launch_binary(kind, xp, xr, yp, yr, in_scales, op_, orows, d, s), op);
     });
     noted_producer(op, std::move(sig), out, [=](uint16_t* xs, float* scales, int group) -> cuda::PassRecorder::Enqueue {
       if (!cuda::binary_writes_half(xp, xr, yp, yr, op_, orows, d, group)) return {};
       return [=](cudaStream_t s) {
-        return launched(cuda::launch_binary_half(kind, xp, xr, yp, yr, op_, orows, d, xs, scales, group, s), op);
+        return launched(
+            cuda::launch_binary_half(kind, xp, xr, yp, yr, in_scales, op_, orows, d, xs, scales, group, s), op);
       };
     });
     return Status::success();
@@ -633,6 +673,17 @@ class CudaBackend final : public Backend {
   // The last command recorded that could write a matmul's FP16 input, and when (see
   // producer_writes_matmul_input()).
   Producer last_producer_;
+  // The last F16-weight matmul without bias, and when: the op recorded right after it may take over its
+  // row rescale (pending_rescale(), fold_rescale()).
+  struct ScaledMatmul {
+    CommandSig sig;
+    Tensor out;
+    const float* scales = nullptr;
+    cuda::PassRecorder::Enqueue unscaled;  // the matmul's closure without the rescale
+    std::string label;
+    uint64_t pass = 0, recorded = 0;
+  };
+  ScaledMatmul last_scaled_;
 };
 
 Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
@@ -716,26 +767,37 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   }
   const cuda::GemmRunner* gemm = &gemm_;
   const DType wdt = w.dtype;
-  recorder_->record(kOp, sig, [=](cudaStream_t s) -> Status {
-    if (convert && wdt == DType::F16) {
-      KEV_TRY(launched(cuda::launch_f32_to_f16_rows_scaled(xp, ldx, xs, scales, n, k, s), "matmul input to f16"));
-    } else if (convert) {
-      KEV_TRY(launched(cuda::launch_f32_to_bf16_rows(xp, ldx, xs, n, k, split, s), "matmul input to bf16"));
-    }
-    if (split) {
-      KEV_TRY(gemm->enqueue(shape, xs, wp, halves, s));
-      return launched(cuda::launch_split_sum_rows(halves, n, m, bp, op, ldo, s), "matmul split sum");
-    }
-    KEV_TRY(gemm->enqueue(shape, xs ? static_cast<const void*>(xs) : xp, wp, op, s));
-    if (scales) return launched(cuda::launch_scale_bias_rows(op, ldo, scales, bp, n, m, s), "matmul row rescale");
-    if (bp) KEV_TRY(launched(cuda::launch_bias_rows(op, ldo, bp, false, n, m, s), "matmul bias"));
-    return Status::success();
-  }, trace_label([&] {
+  // `rescale` false: the op recorded next multiplies the rows by their scales (fold_rescale).
+  auto enqueue = [=](bool rescale) -> cuda::PassRecorder::Enqueue {
+    return [=](cudaStream_t s) -> Status {
+      if (convert && wdt == DType::F16) {
+        KEV_TRY(launched(cuda::launch_f32_to_f16_rows_scaled(xp, ldx, xs, scales, n, k, s), "matmul input to f16"));
+      } else if (convert) {
+        KEV_TRY(launched(cuda::launch_f32_to_bf16_rows(xp, ldx, xs, n, k, split, s), "matmul input to bf16"));
+      }
+      if (split) {
+        KEV_TRY(gemm->enqueue(shape, xs, wp, halves, s));
+        return launched(cuda::launch_split_sum_rows(halves, n, m, bp, op, ldo, s), "matmul split sum");
+      }
+      KEV_TRY(gemm->enqueue(shape, xs ? static_cast<const void*>(xs) : xp, wp, op, s));
+      if (scales && rescale) {
+        return launched(cuda::launch_scale_bias_rows(op, ldo, scales, bp, n, m, s), "matmul row rescale");
+      }
+      if (bp) KEV_TRY(launched(cuda::launch_bias_rows(op, ldo, bp, false, n, m, s), "matmul bias"));
+      return Status::success();
+    };
+  };
+  std::string label = trace_label([&] {
     return cat("matmul n=", n, " k=", k, " m=", m, " ", dtype_name(w.dtype), split ? "x2" : "",
                from_producer ? " x from producer" : convert || !half ? "" : " shared x");
-  }));
+  });
+  recorder_->record(kOp, sig, enqueue(true), label);
   if (half) {
     last_half_ = HalfInput{xp, n, k, ldx, w.dtype, split, xs, scales, recorder_->pass_serial(), recorder_->recorded()};
+  }
+  if (scales && !bp) {
+    last_scaled_ = ScaledMatmul{std::move(sig), out, scales, enqueue(false), std::move(label), recorder_->pass_serial(),
+                                recorder_->recorded()};
   }
   return Status::success();
 }

@@ -26,6 +26,9 @@
 // row's max needs the whole row; it is read twice, the second time from L1/L2), the conversion with
 // float4 loads and 8-byte stores under f32_to_bf16_rows' conditions. An output may be the identical
 // view of an input: each element is read by the thread that writes it, before it writes it.
+// Binary maps right after the F16-weight matmul that wrote x and y (swiglu's gate and up; in_scales):
+// the thread reading an element multiplies it by its row's scale and stores the product back where the
+// scale is not 1 (f16_rows.cuh), before it writes out.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -41,7 +44,7 @@ constexpr int kThreads = 256;
 
 
 
-// float4 or float access for the F16 conversion's vector and scalar paths.
+// float4 or float access for the vector and scalar paths (binary maps, the F16 conversion).
 template <int V>
 struct VecOfT {
   using type = float;
@@ -66,36 +69,46 @@ __device__ __forceinline__ float binary_op(float x, float y) {
 
 // Thread i owns float V-group i of the flattened [rows, d / V] index space: a short row (the attention
 // gate's 256 floats) no longer idles most of a block, and the row lookup is one 32-bit division.
+// The V values at xp and yp, multiplied by s (in_scales) and, where s is not 1, stored back.
+template <int V>
+__device__ __forceinline__ void load_rescaled(const float* xp, const float* yp, float s, VecOf<V>& a, VecOf<V>& b) {
+  a = rescaled(*reinterpret_cast<const VecOf<V>*>(xp), s);
+  b = rescaled(*reinterpret_cast<const VecOf<V>*>(yp), s);
+  if (s != 1.0f) {
+    *reinterpret_cast<VecOf<V>*>(const_cast<float*>(xp)) = a;
+    *reinterpret_cast<VecOf<V>*>(const_cast<float*>(yp)) = b;
+  }
+}
+
 template <BinaryKind kKind, int V>
-__global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, float* out, Rows outr, uint32_t dv,
-                              uint32_t total) {
+__global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales, float* out,
+                              Rows outr, uint32_t dv, uint32_t total) {
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const uint32_t row = i / dv, col = (i - row * dv) * V;
-  const float* xp = x + row_offset(xr, row) + col;
-  const float* yp = y + row_offset(yr, row) + col;
   float* op = out + row_offset(outr, row) + col;
+  VecOf<V> a, b;
+  load_rescaled<V>(x + row_offset(xr, row) + col, y + row_offset(yr, row) + col, row_scale(in_scales, row), a, b);
   if constexpr (V == 4) {
-    const float4 a = *reinterpret_cast<const float4*>(xp), b = *reinterpret_cast<const float4*>(yp);
     *reinterpret_cast<float4*>(op) = make_float4(binary_op<kKind>(a.x, b.x), binary_op<kKind>(a.y, b.y),
                                                  binary_op<kKind>(a.z, b.z), binary_op<kKind>(a.w, b.w));
   } else {
-    *op = binary_op<kKind>(*xp, *yp);
+    *op = binary_op<kKind>(a, b);
   }
 }
 
 // One block per GEMM row (`group` rows of d floats): the map as binary_kernel computes it, stored, then
 // the block's max and the FP16 copy, each thread converting the float4s it wrote.
 template <BinaryKind kKind>
-__global__ void binary_half_kernel(const float* x, Rows xr, const float* y, Rows yr, float* out, Rows outr,
-                                   uint32_t dv, uint32_t group, __half* half, float* scales) {
+__global__ void binary_half_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales,
+                                   float* out, Rows outr, uint32_t dv, uint32_t group, __half* half, float* scales) {
   __shared__ float part[kThreads / 32];
   const uint32_t per_row = group * dv;
   float mx = 0.0f;
   for (uint32_t e = threadIdx.x; e < per_row; e += kThreads) {
     const uint32_t sub = e / dv, col = (e - sub * dv) * 4, row = blockIdx.x * group + sub;
-    const float4 a = *reinterpret_cast<const float4*>(x + row_offset(xr, row) + col);
-    const float4 b = *reinterpret_cast<const float4*>(y + row_offset(yr, row) + col);
+    float4 a, b;
+    load_rescaled<4>(x + row_offset(xr, row) + col, y + row_offset(yr, row) + col, row_scale(in_scales, row), a, b);
     const float4 o = make_float4(binary_op<kKind>(a.x, b.x), binary_op<kKind>(a.y, b.y), binary_op<kKind>(a.z, b.z),
                                  binary_op<kKind>(a.w, b.w));
     *reinterpret_cast<float4*>(out + row_offset(outr, row) + col) = o;
@@ -112,14 +125,16 @@ __global__ void binary_half_kernel(const float* x, Rows xr, const float* y, Rows
 
 template <BinaryKind kKind>
 void launch_binary_kind(bool vec4, int64_t rows, const float* x, const Rows& xr, const float* y, const Rows& yr,
-                        float* out, const Rows& outr, int64_t d, cudaStream_t stream) {
+                        const float* in_scales, float* out, const Rows& outr, int64_t d, cudaStream_t stream) {
   const int V = vec4 ? 4 : 1;
   const uint32_t total = static_cast<uint32_t>(rows * (d / V));  // < kMaxElementwise (launch_binary)
   const unsigned grid = (total + kThreads - 1) / kThreads;
   if (vec4) {
-    binary_kernel<kKind, 4><<<grid, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, static_cast<uint32_t>(d / 4), total);
+    binary_kernel<kKind, 4>
+        <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, static_cast<uint32_t>(d / 4), total);
   } else {
-    binary_kernel<kKind, 1><<<grid, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, static_cast<uint32_t>(d), total);
+    binary_kernel<kKind, 1>
+        <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, static_cast<uint32_t>(d), total);
   }
 }
 
@@ -231,8 +246,8 @@ __global__ void bias_rows_kernel(float* out, int64_t ld, const float* bias, int6
 
 }  // namespace
 
-cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr, float* out,
-                          const Rows& outr, int64_t d, cudaStream_t stream) {
+cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,
+                          const float* in_scales, float* out, const Rows& outr, int64_t d, cudaStream_t stream) {
   const int64_t rows = xr.count();
   if (rows == 0 || d == 0) return cudaSuccess;
   const bool vec4 = d % 4 == 0 && rows_vec4(xr) && rows_vec4(yr) && rows_vec4(outr) && aligned16(x) &&
@@ -241,12 +256,14 @@ cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const
   if (rows * d >= kMaxElementwise) return cudaErrorInvalidValue;
   switch (kind) {
     case BinaryKind::SigmoidMul:
-      launch_binary_kind<BinaryKind::SigmoidMul>(vec4, rows, x, xr, y, yr, out, outr, d, stream);
+      launch_binary_kind<BinaryKind::SigmoidMul>(vec4, rows, x, xr, y, yr, in_scales, out, outr, d, stream);
       break;
     case BinaryKind::Swiglu:
-      launch_binary_kind<BinaryKind::Swiglu>(vec4, rows, x, xr, y, yr, out, outr, d, stream);
+      launch_binary_kind<BinaryKind::Swiglu>(vec4, rows, x, xr, y, yr, in_scales, out, outr, d, stream);
       break;
-    case BinaryKind::Add: launch_binary_kind<BinaryKind::Add>(vec4, rows, x, xr, y, yr, out, outr, d, stream); break;
+    case BinaryKind::Add:
+      launch_binary_kind<BinaryKind::Add>(vec4, rows, x, xr, y, yr, in_scales, out, outr, d, stream);
+      break;
   }
   return cudaGetLastError();
 }
@@ -259,8 +276,8 @@ bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Ro
 }
 
 cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,
-                               float* out, const Rows& outr, int64_t d, uint16_t* half, float* scales, int group,
-                               cudaStream_t stream) {
+                               const float* in_scales, float* out, const Rows& outr, int64_t d, uint16_t* half,
+                               float* scales, int group, cudaStream_t stream) {
   const int64_t rows = xr.count();
   if (rows == 0 || d == 0) return cudaSuccess;
   if (!binary_writes_half(x, xr, y, yr, out, outr, d, group)) return cudaErrorInvalidValue;
@@ -270,13 +287,15 @@ cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, 
   switch (kind) {
     case BinaryKind::SigmoidMul:
       binary_half_kernel<BinaryKind::SigmoidMul>
-          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, dv, g, h, scales);
+          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
       break;
     case BinaryKind::Swiglu:
-      binary_half_kernel<BinaryKind::Swiglu><<<grid, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, dv, g, h, scales);
+      binary_half_kernel<BinaryKind::Swiglu>
+          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
       break;
     case BinaryKind::Add:
-      binary_half_kernel<BinaryKind::Add><<<grid, kThreads, 0, stream>>>(x, xr, y, yr, out, outr, dv, g, h, scales);
+      binary_half_kernel<BinaryKind::Add>
+          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
       break;
   }
   return cudaGetLastError();

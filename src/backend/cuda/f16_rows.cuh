@@ -4,6 +4,10 @@
 // max|x| lies outside [2^-10, 2^15] (then max|x| / s lies in [2^14, 2^15]); the GEMM's row is
 // multiplied by s afterwards. Every writer takes the row max with fmaxf (NaN ignored, order-free) and
 // rounds with these functions, so the copies are bit-identical whichever kernel wrote them.
+// Where the op recorded right after the matmul consumes exactly its out (add_rms_norm's y, swiglu's
+// gate and up), the backend drops the GEMM's rescale and that op's kernel multiplies each input row
+// by s as it reads it (row_scale, rescaled below) and stores the product back where s != 1, so both
+// its result and the matmul's out keep the bits of the separate rescale.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -37,6 +41,16 @@ __device__ __forceinline__ void store_f16(__half* d, const float4& v, float inv)
   bits.x = *reinterpret_cast<const uint32_t*>(&lo);
   bits.y = *reinterpret_cast<const uint32_t*>(&hi);
   *reinterpret_cast<uint2*>(d) = bits;
+}
+
+// The scale of input row r of an op that took over a matmul's rescale (1 when none did: scales null).
+__device__ __forceinline__ float row_scale(const float* scales, int64_t r) { return scales ? scales[r] : 1.0f; }
+
+// v · s as the rescale kernel stores it. __fmul_rn is never contracted into an FMA with the consumer's
+// next add, so the consumer computes with the rounded FP32 product, exactly as when it reads it back.
+__device__ __forceinline__ float rescaled(float v, float s) { return __fmul_rn(v, s); }
+__device__ __forceinline__ float4 rescaled(const float4& v, float s) {
+  return make_float4(__fmul_rn(v.x, s), __fmul_rn(v.y, s), __fmul_rn(v.z, s), __fmul_rn(v.w, s));
 }
 
 // Max of v over the block (every thread gets it); `part` holds one float per warp (blockDim.x / 32

@@ -32,6 +32,10 @@ struct NormArgs {
   Rows x_rows;
   const float* z = nullptr;  // gated: z; add_rms: y
   Rows z_rows;
+  // add_rms: y as the F16-weight matmul recorded right before left it, its rows still to be multiplied
+  // by these row scales ([rows], f16_rows.cuh); the kernel uses y · scale and writes that back into y
+  // (z) where the scale is not 1. Null: y as is.
+  const float* z_scales = nullptr;
   float* sum = nullptr;      // add_rms: receives x + y (rows x_rows); the op passes x itself (in place)
   const float* w = nullptr;  // rms/add_rms: gain 1 + w; gated: gain w; l2: unused
   float* out = nullptr;
@@ -54,8 +58,11 @@ bool norm_writes_half(const NormArgs& a);
 // fewer than kMaxElementwise elements (a launch with more returns cudaErrorInvalidValue).
 constexpr int64_t kMaxElementwise = (int64_t{1} << 32) - 256;
 enum class BinaryKind { SigmoidMul, Swiglu, Add };
-cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr, float* out,
-                          const Rows& outr, int64_t d, cudaStream_t stream);
+// in_scales (null: none): x and y as the F16-weight matmul recorded right before left them (swiglu's gate
+// and up, the halves of one GEMM row), their row r still to be multiplied by in_scales[r] (f16_rows.cuh);
+// the kernels use x · s and y · s and write those back into x and y where s is not 1.
+cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,
+                          const float* in_scales, float* out, const Rows& outr, int64_t d, cudaStream_t stream);
 // launch_binary that also writes out's FP16 copy for the F16-weight matmul recorded right after it (as
 // NormArgs::half): each `group` consecutive rows of out form one GEMM row; half [rows / group, group·d]
 // contiguous, scales [rows / group]. Only where binary_writes_half holds (float4 access, group divides
@@ -63,8 +70,8 @@ cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const
 bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Rows& yr, const float* out,
                         const Rows& outr, int64_t d, int group);
 cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,
-                               float* out, const Rows& outr, int64_t d, uint16_t* half, float* scales, int group,
-                               cudaStream_t stream);
+                               const float* in_scales, float* out, const Rows& outr, int64_t d, uint16_t* half,
+                               float* scales, int group, cudaStream_t stream);
 // beta = σ(b), g = −exp(a_log)·softplus(a + dt_bias); b, a, beta, g [n,Hv] with row strides.
 cudaError_t launch_gdn_gates(const float* b, int64_t b_stride, const float* a, int64_t a_stride, const float* a_log,
                              const float* dt_bias, float* beta, int64_t beta_stride, float* g, int64_t g_stride,
@@ -90,7 +97,8 @@ cudaError_t launch_f32_to_bf16_rows(const float* x, int64_t ldx, uint16_t* dst, 
 // with s_i a power of two (1 unless max|x[i, :]| is outside [2^-10, 2^15]); scales[n] = s_i.
 cudaError_t launch_f32_to_f16_rows_scaled(const float* x, int64_t ldx, uint16_t* dst, float* scales, int64_t n,
                                           int64_t k, cudaStream_t stream);
-// out[i, :] (row stride ldo) = out[i, :] · scales[i] (+ bias): the GEMM on scaled F16 inputs, rescaled.
+// out[i, :] (row stride ldo) = out[i, :] · scales[i] (+ bias): the GEMM on scaled F16 inputs, rescaled
+// (skipped without bias where the op recorded next takes the scales: NormArgs::z_scales, launch_binary).
 cudaError_t launch_scale_bias_rows(float* out, int64_t ldo, const float* scales, const float* bias, int64_t n, int64_t m,
                                    cudaStream_t stream);
 // out[i, :] (row stride ldo) = s[i, :] + s[n + i, :] (+ bias) for a split-input GEMM's s [2n, m].

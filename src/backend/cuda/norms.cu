@@ -26,6 +26,9 @@
 // GEMM row is half_group consecutive norm rows (rms_norm_gated: the Hv heads of a token), so the block
 // becomes half_group warps (<= 32, grid.x = rows / half_group), takes the block max and each lane
 // converts the out elements it wrote. The FP32 out is computed by the same code either way.
+// add_rms_norm right after the F16-weight matmul that wrote y (NormArgs::z_scales): every path
+// multiplies y's row r by z_scales[r] as it reads it and stores the product back into y where the
+// scale is not 1 (f16_rows.cuh); the lane that reads an element of y is the one that writes it.
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/f16_rows.cuh"
 
@@ -54,13 +57,16 @@ __global__ void __launch_bounds__(1024) norm_vec4_kernel(NormArgs a) {
   float* out = a.out + row_offset(a.out_rows, row);
   const float* z = kKind == NormKind::RmsGated || kAdd ? a.z + row_offset(a.z_rows, row) : nullptr;
   float* sum = kAdd ? a.sum + x_off : nullptr;
+  const float ys = kAdd ? row_scale(a.z_scales, row) : 1.0f;
   float ss = 0.0f;
   // Unrolled so that several loads per lane are in flight (a row of 1-4 K floats is 2-8 steps).
 #pragma unroll 4
   for (int64_t j = 4 * lane; j < a.d; j += 128) {
     float4 v = ld4(x + j);
     if constexpr (kAdd) {
-      v = add4(v, ld4(z + j));
+      const float4 y = rescaled(ld4(z + j), ys);
+      if (ys != 1.0f) *reinterpret_cast<float4*>(const_cast<float*>(z) + j) = y;
+      v = add4(v, y);
       *reinterpret_cast<float4*>(sum + j) = v;
     }
     ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
@@ -108,6 +114,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
   const int64_t x_off = row_offset(a.x_rows, row);
   const float* x = a.x + x_off;
   const float* y = kAdd ? a.z + row_offset(a.z_rows, row) : nullptr;
+  const float ys = kAdd ? row_scale(a.z_scales, row) : 1.0f;
   float* out = a.out + row_offset(a.out_rows, row);
   const int nv = static_cast<int>(a.d / 4);
   float4 v[kRowVec];
@@ -118,7 +125,9 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
     if (j < nv) {
       v[u] = ld4(x + 4 * j);
       if constexpr (kAdd) {
-        v[u] = add4(v[u], ld4(y + 4 * j));
+        const float4 yv = rescaled(ld4(y + 4 * j), ys);
+        if (ys != 1.0f) *reinterpret_cast<float4*>(const_cast<float*>(y) + 4 * j) = yv;
+        v[u] = add4(v[u], yv);
         *reinterpret_cast<float4*>(a.sum + x_off + 4 * j) = v[u];
       }
       ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
@@ -167,10 +176,13 @@ __global__ void norm_kernel(NormArgs a) {
   float* out = a.out + row_offset(a.out_rows, row);
   float ss = 0.0f;
   if constexpr (kKind == NormKind::AddRms) {
-    const float* y = a.z + row_offset(a.z_rows, row);
+    float* y = const_cast<float*>(a.z) + row_offset(a.z_rows, row);
     float* sum = a.sum + x_off;
+    const float ys = row_scale(a.z_scales, row);
     for (int64_t j = lane; j < a.d; j += 32) {
-      const float v = x[j] + y[j];
+      const float yv = rescaled(y[j], ys);
+      if (ys != 1.0f) y[j] = yv;
+      const float v = x[j] + yv;
       sum[j] = v;
       ss += v * v;
     }

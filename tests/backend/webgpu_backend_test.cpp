@@ -328,11 +328,12 @@ TEST(WebGpu, DISABLED_MatmulTiming) {
 
 // ---- attention edges ------------------------------------------------------------------------------
 // attention.wgsl puts 64 query rows (tokens × the G heads of a KV group; G > 64 in head chunks) in a
-// workgroup, walks keys in tiles of 32 and hd in chunks of 32 dims, and splits a query tile's key
-// tiles over up to 16 workgroups (merged by a combine kernel) where the pass has few or uneven tiles.
-// Each case is checked against the CPU reference at the FP32 reduction bound; the split counts in the
-// names follow ops.cpp's rule (pieces of at least 2 key tiles and of about the pass's key tiles over
-// 264 workgroups, at most 16 a tile, the partial rows within one binding).
+// workgroup, walks keys in tiles of 64 (P·V in halves of 32, a half past the last key skipped) and hd
+// in chunks of 16 dims, and splits a query tile's key tiles over up to 16 workgroups (merged by a
+// combine kernel) where the pass has few or uneven tiles. Each case is checked against the CPU
+// reference at the FP32 reduction bound; the split counts in the names follow ops.cpp's rule (pieces
+// of at least one key tile and of about the pass's key tiles over 264 workgroups, at most 16 a tile,
+// the partial rows within one binding).
 struct AttnEdge {
   const char* name;
   int64_t H, Hkv, hd, Ls;
@@ -342,9 +343,14 @@ struct AttnEdge {
 };
 
 const AttnEdge kAttnEdges[] = {
-    {"long_prefix_14_splits", 8, 2, 256, 2187, {40, 37, 1}, 256, 0, 0, 0},  // Kev's long evaluation
+    {"long_prefix_12_splits", 8, 2, 256, 2187, {40, 37, 1}, 256, 0, 0, 0},  // Kev's long evaluation
     {"short_prefix_5_splits", 8, 2, 256, 250, {37, 37}, 256, 0, 0, 0},
     {"prefill_1_to_5_splits", 8, 2, 128, 0, {300}, 0, 0, 0, 0},  // causal: split and unsplit tiles mixed
+    // Causal prefills at hd 256 (16 dim chunks): Kev's heads (16 tokens per workgroup) and G = 1
+    // (64 tokens per workgroup); last key tiles ending in either half of 64 keys.
+    {"prefill_hd256_1_to_6_splits", 8, 2, 256, 0, {700}, 0, 0, 0, 0},
+    {"g1_hd256_prefill_1_to_10_splits", 4, 4, 256, 0, {600}, 0, 0, 0, 0},
+    {"g3_packed_prefill_1_to_5_splits", 6, 2, 128, 0, {150, 17, 290}, 0, 0, 0, 0},  // 21 tokens × 3 heads
     {"g1_strided_kv_2_3_splits", 4, 4, 128, 100, {5, 70}, 0, 3, 2, 0},  // 64 tokens per workgroup
     {"g3_ragged_hd_5_6_splits", 6, 2, 100, 300, {30, 2}, 1, 0, 5, 0},   // 21 tokens × 3 heads, hd off 4
     {"g80_head_chunks_4_splits", 80, 1, 64, 200, {3, 2}, 0, 0, 0, 0},    // heads 64 + 16

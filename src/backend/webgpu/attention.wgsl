@@ -12,20 +12,27 @@
 // the host orders work items longest first). Its 64 query rows are the tile's tpw tokens × gw heads
 // sharing the KV head (gw = min(G, 64); heads beyond 64 go in further head chunks), so each key and
 // value row is read once per 64 rows. The tile's keys (prefix, then own keys up to its last token)
-// go by in tiles of 32; a work item takes a contiguous range of them (the host splits long tiles, so
-// that few tiles or a causal prefill's long last tiles still spread over the GPU). Per key tile, two
-// register-tiled products through 12 KiB of workgroup memory (12.8 KiB with the row statistics:
-// within the portable 16 KiB minimum):
-// - scores S[64 rows × 32 keys] = Q·Kᵀ: invocation (ty, tx) = (lid / 16, lid % 16) owns rows
-//   4ty..4ty+3 × keys 2tx, 2tx+1 (8 FMAs per vec4 + vec4 shared load), over hd in chunks of 32 dims
-//   staged k-major (Q [32][16 row quads], K [32][8 key quads], quad index XOR-swizzled with the dim
-//   so a store wavefront hits distinct banks); the Q chunk is re-staged per key tile (it does not fit).
-// - online softmax in FP32 per row (running max and sum; the accumulators rescaled by
-//   exp(old max − new max) per key tile), masked keys contributing exactly 0; P [32 keys][16 row
-//   quads] reuses the Q/K staging memory.
-// - O[64 × hd] += P·V: the same invocation owns rows 4ty..+3 × dim quads tx + 16u (u < 4) in 16
-//   vec4 registers, values staged 4 keys at a time (4 × 64 quads).
-// The next chunk's global loads are issued before the current chunk's FMAs (register prefetch).
+// go by in tiles of 64; a work item takes a contiguous range of them (the host splits long tiles, so
+// that few tiles or a causal prefill's long last tiles still spread over the GPU). Invocation
+// (ty, tx) = (lid / 16, lid % 16) owns rows 4ty..4ty+3 throughout. Per key tile, through 12 KiB of
+// workgroup memory (`buf`, the only workgroup array besides two vec4 of tile data):
+// - scores S[64 rows × 64 keys] = Q·Kᵀ in registers: the invocation owns keys 2tx, 2tx+1 of each
+//   half of 32 keys (16 FMAs per two vec4 shared loads), over hd in chunks of 16 dims staged k-major
+//   (Q [16][16 row quads], K [16][16 key quads], key quad q = keys 2q, 2q+1, 32+2q, 33+2q; quad index
+//   XOR-swizzled with the dim so a store wavefront hits distinct banks); Q is re-staged per key tile
+//   (64 rows × hd does not fit).
+// - online softmax in FP32 per row: each invocation's max over its 4 keys goes to workgroup memory
+//   (`red` [16 tx][16 row quads] at KOFF) and every invocation of a row reads all 16, so all hold
+//   the same running max m (registers) and rescale by exp(old m − new m); each keeps the running sum
+//   l of its own keys only, summed over the 16 once at the end. Masked keys contribute exactly 0.
+// - O[64 × hd] += P·V in two halves of 32 keys (P of keys 32h..32h+31 as [32 keys][16 row quads] at
+//   0, every invocation writing its two keys of the half, so only the second half's P stays in
+//   registers through the first; a half past the tile's last key is skipped): the invocation owns dim
+//   quads tx + 16u (u < 4) of its rows in 16 vec4 registers, values staged 4 keys at a time (4 × 64
+//   quads at KOFF).
+// Barriers: two per dim chunk and per value chunk, one per key tile for the row maxima and one per
+// half for P. The next chunk's global loads are issued before the current chunk's FMAs (register
+// prefetch).
 // A tile with S_i = 1: the workgroup writes out normalised. S_i > 1 (flash-decoding): each split
 // writes its rows' unnormalised output, running max m and sum l to `part` (O at [split][t][h][hd] for
 // split < max_splits, then (m, l) at [split][t][h]); `attention_combine` (one 64-invocation
@@ -56,24 +63,24 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> part: array<f32>;
 
 const NEG_BIG: f32 = -3.0e38;
-const ROWS: u32 = 64u;  // query rows per workgroup
-const KT: u32 = 32u;    // keys per key tile
-const DC: u32 = 32u;    // dims per score chunk
+const NONE: u32 = 0xffffffffu;  // the row base of a key or query row outside the tile
+const KT: u32 = 64u;    // keys per key tile
+const DC: u32 = 16u;    // dims per score chunk
 const VC: u32 = 4u;     // keys per value chunk
-const KOFF: u32 = 512u; // K chunk, then V chunk, start here in `buf` (Q chunk, then P, below)
+const KOFF: u32 = 512u; // K chunk, then `red`, then the V chunk start here in `buf` (Q chunk, then P, below)
 
-// Phase 1: Q chunk [DC][16 quads] at 0, K chunk [DC][8 quads] at KOFF. Phase 2: P [KT][16 quads]
-// at 0, V chunk [VC][64 quads] at KOFF.
+// Scores: Q chunk [DC][16 quads] at 0, K chunk [DC][16 quads] at 256. Softmax: `red` [16][16 quads]
+// at KOFF. P·V: P [32][16 quads] at 0, V chunk [VC][64 quads] at KOFF.
 var<workgroup> buf: array<vec4<f32>, 768>;
-var<workgroup> row_max: array<f32, 64>;
-var<workgroup> row_scale: array<f32, 64>;  // exp(old max − new max) of the current key tile
-var<workgroup> row_sum: array<f32, 64>;
 var<workgroup> tile_info: vec4<u32>;
 var<workgroup> work_info: vec4<u32>;
 
 // Element offset of key or value row s (prefix first) of KV head kvh, for a sequence starting at
-// token `begin`.
-fn key_row(s: u32, begin: u32, kvh: u32, value: bool) -> u32 {
+// token `begin`; NONE for s >= end.
+fn key_base(s: u32, end: u32, begin: u32, kvh: u32, value: bool) -> u32 {
+  if (s >= end) {
+    return NONE;
+  }
   if (s < p.ls) {
     if (value) {
       return p.pv_off + s * p.pv_st0 + kvh * p.pv_st1;
@@ -86,27 +93,26 @@ fn key_row(s: u32, begin: u32, kvh: u32, value: bool) -> u32 {
   return p.k_off + (begin + s - p.ls) * p.k_st0 + kvh * p.k_st1;
 }
 
-// Element d of key (value = false) or value row s; 0 for s >= end or d >= hd.
-fn kv_at(s: u32, end: u32, d: u32, begin: u32, kvh: u32, value: bool) -> f32 {
-  if (s >= end || d >= p.hd) {
+// Element d of the key (value = false) or value row s whose base is `base`; 0 for NONE or d >= hd.
+fn kv_at(base: u32, s: u32, d: u32, value: bool) -> f32 {
+  if (base == NONE || d >= p.hd) {
     return 0.0;
   }
-  let at = key_row(s, begin, kvh, value) + d;
   if (s < p.ls) {
     if (value) {
-      return prefix_v[at];
+      return prefix_v[base + d];
     }
-    return prefix_k[at];
+    return prefix_k[base + d];
   }
   if (value) {
-    return v[at];
+    return v[base + d];
   }
-  return k[at];
+  return k[base + d];
 }
 
-// Element d of query row base `qb` (0xffffffff: an invalid row), 0 outside.
+// Element d of query row base `qb`, 0 outside.
 fn q_at(qb: u32, d: u32) -> f32 {
-  if (qb == 0xffffffffu || d >= p.hd) {
+  if (qb == NONE || d >= p.hd) {
     return 0.0;
   }
   return q[qb + d];
@@ -115,6 +121,15 @@ fn q_at(qb: u32, d: u32) -> f32 {
 // Swizzled quad index: quad c of staged row r (8 rows of a store wavefront hit 8 bank groups).
 fn swz(r: u32, c: u32) -> u32 {
   return c ^ (r & 7u);
+}
+
+// The 16 × 4 row maxima in `red`, each the max over one invocation's 4 keys, reduced for row quad ty.
+fn red_max(ty: u32, m: vec4<f32>) -> vec4<f32> {
+  var r = m;
+  for (var t = 0u; t < 16u; t++) {
+    r = max(r, buf[KOFF + t * 16u + swz(t, ty)]);
+  }
+  return r;
 }
 
 @compute @workgroup_size(256)
@@ -145,7 +160,10 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
   let split = winfo.w;
   let n_keys = p.ls + tau0 + count;
 
-  let ty = lid / 16u;
+  // ty masked to 0..15 (a no-op for lid < 256) so that the shader compiler can prove the shared read
+  // indices in the inner loops (dd · 16 + (ty ^ swizzle), ...) within `buf` and drop Dawn's
+  // robustness clamp from each of them; tx is bounded already.
+  let ty = (lid / 16u) & 15u;
   let tx = lid % 16u;
   // Row ρ: token tau0 + ρ / gw, head kvh·G + hchunk·gw + ρ % gw.
   var lim: vec4<u32>;  // rows 4ty..4ty+3 see keys s < lim (0: an invalid row)
@@ -154,24 +172,23 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let hh = hchunk * p.gw + r % p.gw;
     lim[i] = select(0u, p.ls + tau0 + r / p.gw + 1u, r / p.gw < count && hh < g);
   }
-  // Loader role: dim dl = lid % 32 of the chunk; Q row quads lq and lq + 8, K key quad lq.
+  // Loader role: dim dl = lid % 16 of the chunk; Q row quad lq, K key quad lq.
   let dl = lid % DC;
   let lq = lid / DC;
-  var qb: array<u32, 8>;  // query row bases of rows 4lq..4lq+3, 32+4lq..32+4lq+3
-  for (var i = 0u; i < 8u; i++) {
-    let r = 4u * lq + (i / 4u) * 32u + i % 4u;
+  var qb: vec4<u32>;  // query row bases of rows 4lq..4lq+3
+  for (var i = 0u; i < 4u; i++) {
+    let r = 4u * lq + i;
     let hh = hchunk * p.gw + r % p.gw;
-    var base = 0xffffffffu;
+    var base = NONE;
     if (r / p.gw < count && hh < g) {
       base = p.q_off + (begin + tau0 + r / p.gw) * p.q_st0 + (kvh * g + hh) * p.q_st1;
     }
     qb[i] = base;
   }
-  if (lid < ROWS) {
-    row_max[lid] = NEG_BIG;
-    row_sum[lid] = 0.0;
-  }
+  let st_q = dl * 16u + swz(dl, lq);  // the loader's quad in the Q chunk (K chunk: + 256)
 
+  var m = vec4<f32>(NEG_BIG);  // running max of rows 4ty..+3 (the same in all 16 invocations of a row)
+  var l = vec4<f32>(0.0);      // running sum of exp(score − m) over this invocation's keys
   var a00 = vec4<f32>(0.0); var a01 = vec4<f32>(0.0); var a02 = vec4<f32>(0.0); var a03 = vec4<f32>(0.0);
   var a10 = vec4<f32>(0.0); var a11 = vec4<f32>(0.0); var a12 = vec4<f32>(0.0); var a13 = vec4<f32>(0.0);
   var a20 = vec4<f32>(0.0); var a21 = vec4<f32>(0.0); var a22 = vec4<f32>(0.0); var a23 = vec4<f32>(0.0);
@@ -182,122 +199,130 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let s0 = kt * KT;
     let key_end = min(n_keys, s0 + KT);
     // ---- scores ----
-    var pq0 = vec4<f32>(q_at(qb[0], dl), q_at(qb[1], dl), q_at(qb[2], dl), q_at(qb[3], dl));
-    var pq1 = vec4<f32>(q_at(qb[4], dl), q_at(qb[5], dl), q_at(qb[6], dl), q_at(qb[7], dl));
-    let sk = s0 + 4u * lq;
-    var pk = vec4<f32>(kv_at(sk, key_end, dl, begin, kvh, false), kv_at(sk + 1u, key_end, dl, begin, kvh, false),
-                       kv_at(sk + 2u, key_end, dl, begin, kvh, false), kv_at(sk + 3u, key_end, dl, begin, kvh, false));
+    let sk = s0 + 2u * lq;  // the loader's keys: sk, sk + 1, sk + 32, sk + 33
+    let kb = vec4<u32>(key_base(sk, key_end, begin, kvh, false), key_base(sk + 1u, key_end, begin, kvh, false),
+                       key_base(sk + 32u, key_end, begin, kvh, false), key_base(sk + 33u, key_end, begin, kvh, false));
+    var pq = vec4<f32>(q_at(qb.x, dl), q_at(qb.y, dl), q_at(qb.z, dl), q_at(qb.w, dl));
+    var pk = vec4<f32>(kv_at(kb.x, sk, dl, false), kv_at(kb.y, sk + 1u, dl, false),
+                       kv_at(kb.z, sk + 32u, dl, false), kv_at(kb.w, sk + 33u, dl, false));
     var sc0 = vec4<f32>(0.0);  // rows 4ty..+3 × key 2tx
     var sc1 = vec4<f32>(0.0);  // ... × key 2tx + 1
+    var sc2 = vec4<f32>(0.0);  // ... × key 32 + 2tx
+    var sc3 = vec4<f32>(0.0);  // ... × key 33 + 2tx
     for (var c = 0u; c < n_dc; c++) {
-      buf[dl * 16u + swz(dl, lq)] = pq0;
-      buf[dl * 16u + swz(dl, lq + 8u)] = pq1;
-      buf[KOFF + dl * 8u + swz(dl, lq)] = pk;
+      buf[st_q] = pq;
+      buf[256u + st_q] = pk;
       workgroupBarrier();
       if (c + 1u < n_dc) {
         let d = (c + 1u) * DC + dl;
-        pq0 = vec4<f32>(q_at(qb[0], d), q_at(qb[1], d), q_at(qb[2], d), q_at(qb[3], d));
-        pq1 = vec4<f32>(q_at(qb[4], d), q_at(qb[5], d), q_at(qb[6], d), q_at(qb[7], d));
-        pk = vec4<f32>(kv_at(sk, key_end, d, begin, kvh, false), kv_at(sk + 1u, key_end, d, begin, kvh, false),
-                       kv_at(sk + 2u, key_end, d, begin, kvh, false), kv_at(sk + 3u, key_end, d, begin, kvh, false));
+        pq = vec4<f32>(q_at(qb.x, d), q_at(qb.y, d), q_at(qb.z, d), q_at(qb.w, d));
+        pk = vec4<f32>(kv_at(kb.x, sk, d, false), kv_at(kb.y, sk + 1u, d, false),
+                       kv_at(kb.z, sk + 32u, d, false), kv_at(kb.w, sk + 33u, d, false));
       }
       for (var dd = 0u; dd < DC; dd++) {
         let qv = buf[dd * 16u + swz(dd, ty)];
-        let kq = buf[KOFF + dd * 8u + swz(dd, tx / 2u)];
-        let kp = select(kq.xy, kq.zw, (tx & 1u) == 1u);
-        sc0 = fma(qv, vec4<f32>(kp.x), sc0);
-        sc1 = fma(qv, vec4<f32>(kp.y), sc1);
+        let kv = buf[256u + dd * 16u + swz(dd, tx)];
+        sc0 = fma(qv, vec4<f32>(kv.x), sc0);
+        sc1 = fma(qv, vec4<f32>(kv.y), sc1);
+        sc2 = fma(qv, vec4<f32>(kv.z), sc2);
+        sc3 = fma(qv, vec4<f32>(kv.w), sc3);
       }
       workgroupBarrier();
     }
     // ---- online softmax ----
-    let j0 = 2u * tx;
-    let ok0 = vec4<u32>(s0 + j0) < lim;
-    let ok1 = vec4<u32>(s0 + j0 + 1u) < lim;
+    let j0 = s0 + 2u * tx;
+    let ok0 = vec4<u32>(j0) < lim;
+    let ok1 = vec4<u32>(j0 + 1u) < lim;
+    let ok2 = vec4<u32>(j0 + 32u) < lim;
+    let ok3 = vec4<u32>(j0 + 33u) < lim;
     sc0 = select(vec4<f32>(NEG_BIG), sc0 * p.scale, ok0);
     sc1 = select(vec4<f32>(NEG_BIG), sc1 * p.scale, ok1);
-    // P row j holds quad c at j·16 + (c ^ ((j / 2) & 7)): keys 2tx, 2tx+1 of a store wavefront spread.
-    let st0 = j0 * 16u + swz(tx, ty);
-    let st1 = st0 + 16u;
-    buf[st0] = sc0;
-    buf[st1] = sc1;
+    sc2 = select(vec4<f32>(NEG_BIG), sc2 * p.scale, ok2);
+    sc3 = select(vec4<f32>(NEG_BIG), sc3 * p.scale, ok3);
+    buf[KOFF + tx * 16u + swz(tx, ty)] = max(max(sc0, sc1), max(sc2, sc3));
     workgroupBarrier();
-    if (lid < ROWS) {
-      var m = row_max[lid];
-      for (var j = 0u; j < KT; j++) {
-        m = max(m, buf[j * 16u + swz(j / 2u, lid / 4u)][lid % 4u]);
-      }
-      row_scale[lid] = exp(row_max[lid] - m);
-      row_max[lid] = m;
-    }
-    workgroupBarrier();
-    let mx = vec4<f32>(row_max[4u * ty], row_max[4u * ty + 1u], row_max[4u * ty + 2u], row_max[4u * ty + 3u]);
-    buf[st0] = select(vec4<f32>(0.0), exp(sc0 - mx), ok0);
-    buf[st1] = select(vec4<f32>(0.0), exp(sc1 - mx), ok1);
-    workgroupBarrier();
-    if (lid < ROWS) {
-      var sum = 0.0;
-      for (var j = 0u; j < KT; j++) {
-        sum += buf[j * 16u + swz(j / 2u, lid / 4u)][lid % 4u];
-      }
-      row_sum[lid] = row_sum[lid] * row_scale[lid] + sum;
-    }
-    // ---- O = O·scale + P·V ----
-    let f0 = row_scale[4u * ty];
-    let f1 = row_scale[4u * ty + 1u];
-    let f2 = row_scale[4u * ty + 2u];
-    let f3 = row_scale[4u * ty + 3u];
-    a00 *= f0; a01 *= f0; a02 *= f0; a03 *= f0;
-    a10 *= f1; a11 *= f1; a12 *= f1; a13 *= f1;
-    a20 *= f2; a21 *= f2; a22 *= f2; a23 *= f2;
-    a30 *= f3; a31 *= f3; a32 *= f3; a33 *= f3;
+    let m_new = red_max(ty, m);
+    let f = exp(m - m_new);
+    m = m_new;
+    let p0 = select(vec4<f32>(0.0), exp(sc0 - m), ok0);
+    let p1 = select(vec4<f32>(0.0), exp(sc1 - m), ok1);
+    let p2 = select(vec4<f32>(0.0), exp(sc2 - m), ok2);
+    let p3 = select(vec4<f32>(0.0), exp(sc3 - m), ok3);
+    l = l * f + ((p0 + p1) + (p2 + p3));
+    // ---- O = O·f + P·V ----
+    a00 *= f.x; a01 *= f.x; a02 *= f.x; a03 *= f.x;
+    a10 *= f.y; a11 *= f.y; a12 *= f.y; a13 *= f.y;
+    a20 *= f.z; a21 *= f.z; a22 *= f.z; a23 *= f.z;
+    a30 *= f.w; a31 *= f.w; a32 *= f.w; a33 *= f.w;
     // Loader role: key lid / 64 of the chunk, dims 4·(lid % 64)..+3.
     let vj = lid / 64u;
     let vd = 4u * (lid % 64u);
-    let n_vc = (key_end - s0 + VC - 1u) / VC;
-    var sv = s0 + vj;
-    var pv = vec4<f32>(kv_at(sv, key_end, vd, begin, kvh, true), kv_at(sv, key_end, vd + 1u, begin, kvh, true),
-                       kv_at(sv, key_end, vd + 2u, begin, kvh, true), kv_at(sv, key_end, vd + 3u, begin, kvh, true));
-    for (var c = 0u; c < n_vc; c++) {
-      buf[KOFF + lid] = pv;
-      workgroupBarrier();
-      if (c + 1u < n_vc) {
-        sv += VC;
-        pv = vec4<f32>(kv_at(sv, key_end, vd, begin, kvh, true), kv_at(sv, key_end, vd + 1u, begin, kvh, true),
-                       kv_at(sv, key_end, vd + 2u, begin, kvh, true), kv_at(sv, key_end, vd + 3u, begin, kvh, true));
+    for (var h = 0u; h < 2u; h++) {
+      let h0 = s0 + 32u * h;  // the half's first key
+      if (h0 >= key_end) {
+        break;
       }
-      for (var jj = 0u; jj < VC; jj++) {
-        let j = c * VC + jj;
-        let pr = buf[j * 16u + swz(j / 2u, ty)];
-        let vb = KOFF + jj * 64u + tx;
-        let v0 = buf[vb];
-        let v1 = buf[vb + 16u];
-        let v2 = buf[vb + 32u];
-        let v3 = buf[vb + 48u];
-        a00 = fma(vec4<f32>(pr.x), v0, a00); a01 = fma(vec4<f32>(pr.x), v1, a01);
-        a02 = fma(vec4<f32>(pr.x), v2, a02); a03 = fma(vec4<f32>(pr.x), v3, a03);
-        a10 = fma(vec4<f32>(pr.y), v0, a10); a11 = fma(vec4<f32>(pr.y), v1, a11);
-        a12 = fma(vec4<f32>(pr.y), v2, a12); a13 = fma(vec4<f32>(pr.y), v3, a13);
-        a20 = fma(vec4<f32>(pr.z), v0, a20); a21 = fma(vec4<f32>(pr.z), v1, a21);
-        a22 = fma(vec4<f32>(pr.z), v2, a22); a23 = fma(vec4<f32>(pr.z), v3, a23);
-        a30 = fma(vec4<f32>(pr.w), v0, a30); a31 = fma(vec4<f32>(pr.w), v1, a31);
-        a32 = fma(vec4<f32>(pr.w), v2, a32); a33 = fma(vec4<f32>(pr.w), v3, a33);
-      }
+      // P row j (key h0 + j) holds quad c at j·16 + (c ^ ((j / 2) & 7)): the 8 invocations of a store
+      // wavefront (8 tx, one ty) write rows 2tx + e, so they hit 8 bank groups.
+      let pb = 32u * tx + swz(tx, ty);
+      buf[pb] = select(p0, p2, h == 1u);
+      buf[pb + 16u] = select(p1, p3, h == 1u);
       workgroupBarrier();
+      let n_vc = (min(key_end - h0, 32u) + VC - 1u) / VC;
+      var sv = h0 + vj;
+      var vb = key_base(sv, key_end, begin, kvh, true);
+      var pv = vec4<f32>(kv_at(vb, sv, vd, true), kv_at(vb, sv, vd + 1u, true), kv_at(vb, sv, vd + 2u, true),
+                         kv_at(vb, sv, vd + 3u, true));
+      for (var c = 0u; c < n_vc; c++) {
+        buf[KOFF + lid] = pv;
+        workgroupBarrier();
+        if (c + 1u < n_vc) {
+          sv += VC;
+          vb = key_base(sv, key_end, begin, kvh, true);
+          pv = vec4<f32>(kv_at(vb, sv, vd, true), kv_at(vb, sv, vd + 1u, true), kv_at(vb, sv, vd + 2u, true),
+                         kv_at(vb, sv, vd + 3u, true));
+        }
+        for (var jj = 0u; jj < VC; jj++) {
+          let j = c * VC + jj;
+          let pr = buf[j * 16u + swz(j / 2u, ty)];
+          let vq = KOFF + jj * 64u + tx;
+          let v0 = buf[vq];
+          let v1 = buf[vq + 16u];
+          let v2 = buf[vq + 32u];
+          let v3 = buf[vq + 48u];
+          a00 = fma(vec4<f32>(pr.x), v0, a00); a01 = fma(vec4<f32>(pr.x), v1, a01);
+          a02 = fma(vec4<f32>(pr.x), v2, a02); a03 = fma(vec4<f32>(pr.x), v3, a03);
+          a10 = fma(vec4<f32>(pr.y), v0, a10); a11 = fma(vec4<f32>(pr.y), v1, a11);
+          a12 = fma(vec4<f32>(pr.y), v2, a12); a13 = fma(vec4<f32>(pr.y), v3, a13);
+          a20 = fma(vec4<f32>(pr.z), v0, a20); a21 = fma(vec4<f32>(pr.z), v1, a21);
+          a22 = fma(vec4<f32>(pr.z), v2, a22); a23 = fma(vec4<f32>(pr.z), v3, a23);
+          a30 = fma(vec4<f32>(pr.w), v0, a30); a31 = fma(vec4<f32>(pr.w), v1, a31);
+          a32 = fma(vec4<f32>(pr.w), v2, a32); a33 = fma(vec4<f32>(pr.w), v3, a33);
+        }
+        workgroupBarrier();
+      }
     }
   }
+  // The rows' sums over all 16 invocations' keys (`red` is free: the last value chunk ended in a
+  // barrier, and a work item has at least one key tile).
+  buf[KOFF + tx * 16u + swz(tx, ty)] = l;
   workgroupBarrier();
+  var sum = vec4<f32>(0.0);
+  for (var t = 0u; t < 16u; t++) {
+    sum += buf[KOFF + t * 16u + swz(t, ty)];
+  }
   let sp = vec2<u32>(split, n_splits);
-  store_rows(0u, lim[0], ty, tx, hchunk, kvh, begin + tau0, sp, a00, a01, a02, a03);
-  store_rows(1u, lim[1], ty, tx, hchunk, kvh, begin + tau0, sp, a10, a11, a12, a13);
-  store_rows(2u, lim[2], ty, tx, hchunk, kvh, begin + tau0, sp, a20, a21, a22, a23);
-  store_rows(3u, lim[3], ty, tx, hchunk, kvh, begin + tau0, sp, a30, a31, a32, a33);
+  store_rows(0u, lim[0], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.x, sum.x), a00, a01, a02, a03);
+  store_rows(1u, lim[1], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.y, sum.y), a10, a11, a12, a13);
+  store_rows(2u, lim[2], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.z, sum.z), a20, a21, a22, a23);
+  store_rows(3u, lim[3], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.w, sum.w), a30, a31, a32, a33);
 }
 
-// Row 4ty + i of the workgroup (lim = 0: invalid), dim quads tx + 16u: normalised into out (the
-// tile's split count sp.y = 1) or unnormalised into part as split sp.x, with the row's (m, l).
-fn store_rows(i: u32, lim: u32, ty: u32, tx: u32, hchunk: u32, kvh: u32, t0: u32, sp: vec2<u32>, o0: vec4<f32>,
-              o1: vec4<f32>, o2: vec4<f32>, o3: vec4<f32>) {
+// Row 4ty + i of the workgroup (lim = 0: invalid), dim quads tx + 16u, with its running max and sum
+// ml: normalised into out (the tile's split count sp.y = 1) or unnormalised into part as split sp.x,
+// with (m, l).
+fn store_rows(i: u32, lim: u32, ty: u32, tx: u32, hchunk: u32, kvh: u32, t0: u32, sp: vec2<u32>, ml: vec2<f32>,
+              o0: vec4<f32>, o1: vec4<f32>, o2: vec4<f32>, o3: vec4<f32>) {
   if (lim == 0u) {
     return;
   }
@@ -306,7 +331,7 @@ fn store_rows(i: u32, lim: u32, ty: u32, tx: u32, hchunk: u32, kvh: u32, t0: u32
   let head = kvh * (p.h / p.hkv) + hchunk * p.gw + r % p.gw;
   var o = array<vec4<f32>, 4>(o0, o1, o2, o3);
   if (sp.y == 1u) {
-    let inv = 1.0 / row_sum[r];
+    let inv = 1.0 / ml.y;
     let ob = p.o_off + t * p.o_st0 + head * p.o_st1;
     for (var u = 0u; u < 4u; u++) {
       for (var e = 0u; e < 4u; e++) {
@@ -330,8 +355,8 @@ fn store_rows(i: u32, lim: u32, ty: u32, tx: u32, hchunk: u32, kvh: u32, t0: u32
   }
   if (tx == 0u) {
     let sb = p.max_splits * p.n * p.h * p.hd + 2u * row;
-    part[sb] = row_max[r];
-    part[sb + 1u] = row_sum[r];
+    part[sb] = ml.x;
+    part[sb + 1u] = ml.y;
   }
 }
 

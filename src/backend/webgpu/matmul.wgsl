@@ -24,14 +24,17 @@
 // quad q of k row kk is stored at column q ^ (kk & 7), so the 8 invocations of a 128-bit store
 // wavefront (8 consecutive kk, one quad) hit 8 distinct 16-byte bank groups (unswizzled: one).
 // Loader role of the tiled ones: invocation lid loads k offset lid % 16 of x quads and w quads
-// (16 neighbours read 16 consecutive k of one row: 64-byte runs).
+// (16 neighbours read 16 consecutive k of one row: 64-byte runs). Their compute-role row quad is
+// masked to 0..15 (row_quad), so every shared read index of the k loop is provably in range and needs
+// no robustness clamp.
 // All issue the next step's global loads before the current step's FMAs (register prefetch), so
 // the load latency overlaps the arithmetic.
 // Each output element is accumulated in ascending k (zero-padded to a multiple of 16), one FMA per
 // step from 0, bias last, in every entry point: results do not depend on n, on the row's position,
 // or on the entry point picked.
 // Preconditions: n ≥ 1 and m ≥ 1 (the dispatch skips empty outputs), n ≤ 8 for matmul_rows; edges
-// are masked. Workgroup memory: each entry point fits the 16 KiB every adapter offers.
+// are masked at the store (loads past an edge repeat the last row or column). Workgroup memory:
+// each entry point fits the 16 KiB every adapter offers.
 
 struct Params {
   n: u32, k: u32, m: u32, tiles_m: u32,
@@ -62,29 +65,29 @@ const ROWS_Q: u32 = 33u;    // matmul_rows: vec4 per slab row, ROWS_KT / 4 + 1 (
 var<workgroup> ws_rows: array<vec4<f32>, 528>;
 var<workgroup> xs_rows: array<vec4<f32>, 264>;
 
-// Rows r0..r0+3 of x at k = l, zero outside the matrix. Rows past the edge read the last row
-// (always in bounds) and are masked, so the four loads need no branches or vector indexing.
+// Rows r0..r0+3 of x at k = l, zero past k. Rows past the edge read the last row (always in bounds)
+// unmasked: an output element depends only on its own x row and w column, and the outputs of rows
+// past the edge are never stored, so the four loads need no branches, vector indexing or selects.
 fn load_x(r0: u32, l: u32) -> vec4<f32> {
   if (l >= p.k) {
     return vec4<f32>(0.0);
   }
   let last = p.n - 1u;
   let at = p.x_off + l;
-  let v = vec4<f32>(x[at + min(r0, last) * p.x_st], x[at + min(r0 + 1u, last) * p.x_st],
-                    x[at + min(r0 + 2u, last) * p.x_st], x[at + min(r0 + 3u, last) * p.x_st]);
-  return select(vec4<f32>(0.0), v, vec4<u32>(r0, r0 + 1u, r0 + 2u, r0 + 3u) < vec4<u32>(p.n));
+  return vec4<f32>(x[at + min(r0, last) * p.x_st], x[at + min(r0 + 1u, last) * p.x_st],
+                   x[at + min(r0 + 2u, last) * p.x_st], x[at + min(r0 + 3u, last) * p.x_st]);
 }
 
-// Rows (output columns) c0..c0+3 of the w piece at k = l, zero outside the piece (as load_x).
+// Rows (output columns) c0..c0+3 of the w piece at k = l, zero past k; columns past the piece's edge
+// read its last row (as load_x: their outputs are never stored).
 fn load_w(c0: u32, l: u32) -> vec4<f32> {
   if (l >= p.k) {
     return vec4<f32>(0.0);
   }
   let last = p.m - 1u;
   let at = p.w_off + l;
-  let v = vec4<f32>(w[at + min(c0, last) * p.k], w[at + min(c0 + 1u, last) * p.k],
-                    w[at + min(c0 + 2u, last) * p.k], w[at + min(c0 + 3u, last) * p.k]);
-  return select(vec4<f32>(0.0), v, vec4<u32>(c0, c0 + 1u, c0 + 2u, c0 + 3u) < vec4<u32>(p.m));
+  return vec4<f32>(w[at + min(c0, last) * p.k], w[at + min(c0 + 1u, last) * p.k],
+                   w[at + min(c0 + 2u, last) * p.k], w[at + min(c0 + 3u, last) * p.k]);
 }
 
 // Columns c..c+3 of row r (bias added, edges masked).
@@ -101,6 +104,14 @@ fn store4(r: u32, c: u32, v: vec4<f32>) {
       out[p.o_off + r * p.o_st + p.col0 + c + j] = y;
     }
   }
+}
+
+// Compute role of the tiled entry points: row quad lid / 16 of the tile, masked to 0..15 (a no-op for
+// lid < 256) so that the shader compiler can prove every shared read index in the k loop (k row ·
+// quads + (row quad ^ swizzle) + 16) within the tile and drop Dawn's robustness clamp (min with the
+// array's last index) from each of them; the column quad lid % 16 is bounded already.
+fn row_quad(lid: u32) -> u32 {
+  return (lid / 16u) & 15u;
 }
 
 // A 4×4 block of accumulators: rj holds block row j, four output columns.
@@ -141,7 +152,7 @@ struct Tile128 {
 fn tile128(tile: u32, lid: u32) -> Tile128 {
   let kk = lid % KT;
   let q = lid / KT;
-  return Tile128((tile / p.tiles_m) * 128u, (tile % p.tiles_m) * 128u, lid / 16u, lid % 16u, q, kk,
+  return Tile128((tile / p.tiles_m) * 128u, (tile % p.tiles_m) * 128u, row_quad(lid), lid % 16u, q, kk,
                  kk * 32u + (q ^ (kk & 7u)));
 }
 
@@ -212,7 +223,7 @@ fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   }
   let row0 = (tile / p.tiles_m) * 64u;
   let colt0 = (tile % p.tiles_m) * 64u;
-  let ty = lid / 16u;
+  let ty = row_quad(lid);
   let tx = lid % 16u;
   // Loader role: k offset kk = lid % 16, quad q = lid / 16 of x and of w.
   let kk_load = lid % KT;

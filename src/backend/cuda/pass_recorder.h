@@ -12,8 +12,9 @@
 // launches it. A signature seen for the first time runs directly (warm-up: one-off passes skip the
 // capture cost, and every kernel has run once before capture); on its second sighting the commands
 // are captured on the backend's stream into a graph, which updates a cached exec with the same shape
-// words (cudaGraphExecUpdate: same topology, other addresses) or is instantiated anew; the 32 most
-// recently used execs are kept. Single-command passes (profiling mode synchronises after every op)
+// words (cudaGraphExecUpdate: same topology, other addresses; not one this pass already launched) or
+// is instantiated anew; the 128 most recently used execs are kept. (All of this is per segment when a
+// pass is launched in segments, below.) Single-command passes (profiling mode synchronises after every op)
 // and graphs-off run the closures directly.
 //
 // Segments. The GPU would idle while the host records a pass (~1 µs per command: 0.35–0.85 ms for a

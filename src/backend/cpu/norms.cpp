@@ -36,6 +36,20 @@ void for_rows(const Exec& e, const Tensor& shape_of, Fn&& fn) {
   });
 }
 
+// rms_norm of one row (o may be xr): shared by rms_norm and add_rms_norm, so the fused op's output is
+// rms_norm's by construction.
+void rms_norm_row(bool reference, const float* xr, const float* wp, int64_t d, float eps, float* o) {
+  if (reference) {
+    double ss = 0;
+    for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
+    for (int64_t j = 0; j < d; ++j) o[j] = static_cast<float>(xr[j] * inv * (1.0 + wp[j]));
+    return;
+  }
+  const float inv = 1.0f / std::sqrt(sum_squares(xr, d) / static_cast<float>(d) + eps);
+  for (int64_t j = 0; j < d; ++j) o[j] = xr[j] * inv * (1.0f + wp[j]);
+}
+
 }  // namespace
 
 Status check_rms_norm(const OpCheck& c, const Tensor& x, const Tensor& w, const Tensor& out) {
@@ -53,17 +67,7 @@ Status rms_norm(const Exec& e, const Tensor& x, const Tensor& w, float eps, cons
   const int64_t d = x.dim(-1);
   const float* wp = f32(w);
   for_rows(e, x, [&](int64_t r) {
-    const float* xr = f32(x) + row_offset(x, r);
-    float* o = f32(out) + row_offset(out, r);
-    if (e.reference) {
-      double ss = 0;
-      for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xr[j]) * xr[j];
-      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
-      for (int64_t j = 0; j < d; ++j) o[j] = static_cast<float>(xr[j] * inv * (1.0 + wp[j]));
-      return;
-    }
-    const float inv = 1.0f / std::sqrt(sum_squares(xr, d) / static_cast<float>(d) + eps);
-    for (int64_t j = 0; j < d; ++j) o[j] = xr[j] * inv * (1.0f + wp[j]);
+    rms_norm_row(e.reference, f32(x) + row_offset(x, r), wp, d, eps, f32(out) + row_offset(out, r));
   });
   return Status::success();
 }
@@ -90,20 +94,14 @@ Status add_rms_norm(const Exec& e, const Tensor& x, const Tensor& y, const Tenso
   for_rows(e, x, [&](int64_t r) {
     float* xr = f32(x) + row_offset(x, r);
     const float* yr = f32(y) + row_offset(y, r);
-    float* o = f32(out) + row_offset(out, r);
     if (e.reference) {
-      double ss = 0;
       for (int64_t j = 0; j < d; ++j) {
         xr[j] = static_cast<float>(static_cast<double>(xr[j]) + static_cast<double>(yr[j]));
-        ss += static_cast<double>(xr[j]) * xr[j];
       }
-      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
-      for (int64_t j = 0; j < d; ++j) o[j] = static_cast<float>(xr[j] * inv * (1.0 + wp[j]));
-      return;
+    } else {
+      for (int64_t j = 0; j < d; ++j) xr[j] += yr[j];
     }
-    for (int64_t j = 0; j < d; ++j) xr[j] += yr[j];
-    const float inv = 1.0f / std::sqrt(sum_squares(xr, d) / static_cast<float>(d) + eps);
-    for (int64_t j = 0; j < d; ++j) o[j] = xr[j] * inv * (1.0f + wp[j]);
+    rms_norm_row(e.reference, xr, wp, d, eps, f32(out) + row_offset(out, r));
   });
   return Status::success();
 }

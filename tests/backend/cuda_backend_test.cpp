@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <random>
 
@@ -792,6 +793,34 @@ TEST(CudaGraphs, GatedDeltaRuleAndAttentionReplay) {
 #endif
 }
 
+// Per-op wall times (ms, sorted) of `sample`, which records ops_per_sample ops into one pass and
+// synchronizes: three untimed samples first (direct run, capture, first replay), then at least 5 timed
+// ones and min_time. Empty (with a test failure) when a sample fails.
+std::vector<double> replayed_ms_per_op(const std::function<Status()>& sample, int ops_per_sample,
+                                       std::chrono::milliseconds min_time) {
+  for (int i = 0; i < 3; ++i) {
+    const Status st = sample();
+    if (!st.ok()) {
+      ADD_FAILURE() << st.to_string();
+      return {};
+    }
+  }
+  std::vector<double> ms;
+  const auto start = std::chrono::steady_clock::now();
+  while (ms.size() < 5 || std::chrono::steady_clock::now() - start < min_time) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status st = sample();
+    if (!st.ok()) {
+      ADD_FAILURE() << st.to_string();
+      return {};
+    }
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+                 ops_per_sample);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
 // Timing of the attention kernel at Kev's passes: the 4b model (H = 16, Hkv = 4, hd = 256) over its
 // 2,187-token causal prefill, evaluations of 5 rows x 40 and 5 x 39 tokens (the long cached
 // evaluation's 195 row tokens) over that prefix and 6 rows x 37 over a 250-token prefix (the short
@@ -829,16 +858,8 @@ TEST(CudaAttention, DISABLED_Timing) {
       }
       return gpu->synchronize();
     };
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE(sample().ok());  // direct run, capture, first replay
-    std::vector<double> ms;
-    const auto start = std::chrono::steady_clock::now();
-    while (ms.size() < 5 || std::chrono::steady_clock::now() - start < std::chrono::seconds(1)) {
-      const auto t0 = std::chrono::steady_clock::now();
-      ASSERT_TRUE(sample().ok());
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-                   kOpsPerSample);
-    }
-    std::sort(ms.begin(), ms.end());
+    const std::vector<double> ms = replayed_ms_per_op(sample, kOpsPerSample, std::chrono::seconds(1));
+    ASSERT_FALSE(ms.empty());
     const double pairs = static_cast<double>(s.rows) * (s.len * s.Ls + s.len * (s.len + 1) / 2);
     const double med = ms[ms.size() / 2];
     std::printf("attention H=%lld Hkv=%lld hd=%lld Ls=%lld, %lld rows x %lld: median %.4f ms, min %.4f ms "
@@ -887,16 +908,8 @@ TEST(CudaMatmul, DISABLED_Timing) {
       }
       return gpu->synchronize();
     };
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE(sample().ok());  // direct run, capture, first replay
-    std::vector<double> ms;
-    const auto start = std::chrono::steady_clock::now();
-    while (ms.size() < 5 || std::chrono::steady_clock::now() - start < std::chrono::milliseconds(300)) {
-      const auto t0 = std::chrono::steady_clock::now();
-      ASSERT_TRUE(sample().ok());
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-                   kOpsPerSample);
-    }
-    std::sort(ms.begin(), ms.end());
+    const std::vector<double> ms = replayed_ms_per_op(sample, kOpsPerSample, std::chrono::milliseconds(300));
+    ASSERT_FALSE(ms.empty());
     const double med = ms[ms.size() / 2];
     std::printf("matmul %-13s n=%5lld k=%5lld m=%5lld: median %7.2f us, min %7.2f us (%zu samples), %.0f TFLOP/s\n",
                 s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(s.m),

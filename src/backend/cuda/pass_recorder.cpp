@@ -28,7 +28,7 @@ constexpr size_t kTraceGate = 64;
 
 // A pass signature's hash, a word at a time (a pass has ~20 K words: byte-wise FNV took ~0.2 ms per
 // flush). Only a cache key: a match is confirmed by comparing the words.
-uint64_t hash_words(const std::vector<uint64_t>& words) {
+uint64_t hash_words(std::span<const uint64_t> words) {
   uint64_t h = 1469598103934665603ull;
   for (uint64_t w : words) {
     h = (h ^ w) * 0x9e3779b97f4a7c15ull;
@@ -185,7 +185,7 @@ void PassRecorder::clear_pass() {
   shape_.clear();
   pass_ops_.clear();
   pending_ = Status::success();
-  how_.clear();
+  ran_.fill(0);
   last_offsets_.clear();
   last_offsets_dev_ = nullptr;
   staging_.restart();
@@ -197,12 +197,11 @@ Status PassRecorder::launch(size_t n) {
   const size_t full_end = commands_[n - 1].full_end, shape_end = commands_[n - 1].shape_end;
   Status st;
   if (graphs_ && n > 1) {
-    const std::vector<uint64_t> full(full_.begin(), full_.begin() + static_cast<std::ptrdiff_t>(full_end));
-    const std::vector<uint64_t> shape(shape_.begin(), shape_.begin() + static_cast<std::ptrdiff_t>(shape_end));
-    st = run_graph(n, full, shape);
+    st = run_graph(n, std::span<const uint64_t>(full_).first(full_end),
+                   std::span<const uint64_t>(shape_).first(shape_end));
   } else {
     st = run_direct(n);
-    ++how_["direct"];
+    ++ran_[static_cast<size_t>(Ran::Direct)];
   }
   commands_.erase(commands_.begin(), commands_.begin() + static_cast<std::ptrdiff_t>(n));
   full_.erase(full_.begin(), full_.begin() + static_cast<std::ptrdiff_t>(full_end));
@@ -237,15 +236,15 @@ Status PassRecorder::capture(size_t n, cudaGraph_t* graph) {
   return Status::success();
 }
 
-Status PassRecorder::run_graph(size_t n, const std::vector<uint64_t>& full, const std::vector<uint64_t>& shape) {
+Status PassRecorder::run_graph(size_t n, std::span<const uint64_t> full, std::span<const uint64_t> shape) {
   const uint64_t hash = hash_words(full);
   for (auto it = graphs_cache_.begin(); it != graphs_cache_.end(); ++it) {
-    if (it->hash != hash || it->full != full) continue;
+    if (it->hash != hash || !std::ranges::equal(it->full, full)) continue;
     graphs_cache_.splice(graphs_cache_.begin(), graphs_cache_, it);
     it->pass = pass_serial_;
     KEV_CUDA_TRY(cudaGraphLaunch(it->exec, stream_));
     ++graph_launches_;
-    ++how_["graph replay"];
+    ++ran_[static_cast<size_t>(Ran::Replay)];
     return Status::success();
   }
   // The first sighting of a signature runs directly: a pass that never recurs does not pay for a
@@ -261,7 +260,7 @@ Status PassRecorder::run_graph(size_t n, const std::vector<uint64_t>& full, cons
   if (!seen) {
     seen_.push_front(hash);
     if (seen_.size() > kMaxSeen) seen_.pop_back();
-    ++how_["direct (first sighting)"];
+    ++ran_[static_cast<size_t>(Ran::FirstSighting)];
     return run_direct(n);
   }
   cudaGraph_t graph = nullptr;
@@ -269,24 +268,24 @@ Status PassRecorder::run_graph(size_t n, const std::vector<uint64_t>& full, cons
     // Recording a graph enqueued nothing, so the pass can still run directly; a real launch error
     // shows up there again, named by its op.
     ++capture_failures_;
-    ++how_["direct (capture failed)"];
+    ++ran_[static_cast<size_t>(Ran::CaptureFailed)];
     return run_direct(n);
   }
   // Same topology and parameters but other addresses: update that exec in place instead of
   // instantiating a new one — unless this pass launched it already (two segments of one pass with
   // equal shape words would otherwise take the exec from each other on every pass).
   for (auto it = graphs_cache_.begin(); it != graphs_cache_.end(); ++it) {
-    if (it->shape != shape || it->pass == pass_serial_) continue;
+    if (it->pass == pass_serial_ || !std::ranges::equal(it->shape, shape)) continue;
     cudaGraphExecUpdateResultInfo info{};
     if (cudaGraphExecUpdate(it->exec, graph, &info) == cudaSuccess) {
       it->hash = hash;
-      it->full = full;
+      it->full.assign(full.begin(), full.end());
       it->pass = pass_serial_;
       graphs_cache_.splice(graphs_cache_.begin(), graphs_cache_, it);
       cudaGraphDestroy(graph);
       KEV_CUDA_TRY(cudaGraphLaunch(it->exec, stream_));
       ++graph_launches_;
-      ++how_["graph capture + exec update"];
+      ++ran_[static_cast<size_t>(Ran::Update)];
       return Status::success();
     }
     cudaGetLastError();  // a refused update is not an error of the pass
@@ -298,17 +297,18 @@ Status PassRecorder::run_graph(size_t n, const std::vector<uint64_t>& full, cons
   if (inst != cudaSuccess) {
     cudaGetLastError();
     ++capture_failures_;
-    ++how_["direct (instantiation failed)"];
+    ++ran_[static_cast<size_t>(Ran::InstantiationFailed)];
     return run_direct(n);
   }
-  graphs_cache_.push_front(GraphEntry{hash, full, shape, exec, pass_serial_});
+  graphs_cache_.push_front(
+      GraphEntry{hash, {full.begin(), full.end()}, {shape.begin(), shape.end()}, exec, pass_serial_});
   while (graphs_cache_.size() > kMaxGraphs) {
     cudaGraphExecDestroy(graphs_cache_.back().exec);
     graphs_cache_.pop_back();
   }
   KEV_CUDA_TRY(cudaGraphLaunch(exec, stream_));
   ++graph_launches_;
-  ++how_["graph capture + instantiation"];
+  ++ran_[static_cast<size_t>(Ran::Instantiate)];
   return Status::success();
 }
 
@@ -366,7 +366,7 @@ Status PassRecorder::run_traced() {
     std::fprintf(stderr, "  %-44s %4d x %8.1f us = %8.1f us  %5.1f%%\n", label.c_str(), sum.calls,
                  1e3 * sum.ms / sum.calls, 1e3 * sum.ms, 100 * sum.ms / total);
   }
-  ++how_["direct, traced per op"];
+  ++ran_[static_cast<size_t>(Ran::Traced)];
   return Status::success();
 }
 
@@ -393,7 +393,9 @@ Status PassRecorder::flush() {
   if (trace_ != Trace::Off && n > 1) {
     const auto t2 = Clock::now();
     std::string how;
-    for (const auto& [kind, count] : how_) how += cat(how.empty() ? "" : ", ", count, " ", kind);
+    for (size_t i = 0; i < ran_.size(); ++i) {
+      if (ran_[i] > 0) how += cat(how.empty() ? "" : ", ", ran_[i], " ", kRanNames[i]);
+    }
     std::fprintf(stderr,
                  "kev-cuda-trace pass %llu: %zu commands (segments: %s), recorded in %.3f ms, final enqueue %.3f ms, "
                  "wall %.3f ms\n",

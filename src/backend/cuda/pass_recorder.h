@@ -47,13 +47,14 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <list>
-#include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -181,7 +182,7 @@ class PassRecorder {
   // Launches the first n pending commands (graph or direct) and drops them from the pending list.
   Status launch(size_t n);
   Status run_direct(size_t n);
-  Status run_graph(size_t n, const std::vector<uint64_t>& full, const std::vector<uint64_t>& shape);
+  Status run_graph(size_t n, std::span<const uint64_t> full, std::span<const uint64_t> shape);
   Status run_traced();
   void release_gate();
   Status capture(size_t n, cudaGraph_t* graph);
@@ -206,7 +207,13 @@ class PassRecorder {
   uint64_t recorded_ = 0, pass_serial_ = 0;
   // Tracing (see above).
   Trace trace_ = Trace::Off;
-  std::map<std::string, int> how_;  // how this pass's segments ran, with counts
+  // How this pass's segments ran (counts; the trace prints them with kRanNames).
+  enum class Ran { Replay, Update, Instantiate, FirstSighting, CaptureFailed, InstantiationFailed, Direct, Traced };
+  static constexpr std::array<const char*, 8> kRanNames = {
+      "graph replay",          "graph capture + exec update", "graph capture + instantiation",
+      "direct (first sighting)", "direct (capture failed)",   "direct (instantiation failed)",
+      "direct",                 "direct, traced per op"};
+  std::array<int, kRanNames.size()> ran_{};
   std::chrono::steady_clock::time_point first_record_;  // when the pass's first command was recorded
   uint64_t passes_ = 0;
   std::vector<cudaEvent_t> events_;

@@ -17,6 +17,8 @@ inline void add_backend_options(CLI::App& app, Options& options) {
                  "CUDA, bf16 exports: GEMM operands f16 (weights converted at load, x row-scaled to FP16), "
                  "bf16x2 (x as two BF16 halves) or bf16 (x rounded)")
       ->check(CLI::IsMember({"f16", "bf16x2", "bf16"}));
+  app.add_flag("--reserve-memory,!--no-reserve-memory", options.reserve_memory,
+               "take the device memory the limits can need at load (runs their largest passes once)");
   app.add_option("--adapter", options.adapter, "WebGPU adapter: name substring or type (discrete, integrated, cpu)");
 }
 

@@ -84,6 +84,11 @@ int main(int argc, char** argv) {
   }
   if (const char* key = std::getenv("KEV_API_KEY"); key != nullptr) server_options.api_key = key;
   worker_options.queue_timeout = std::chrono::milliseconds(queue_timeout_ms);
+  // A server on a GPU takes its memory at start-up unless told otherwise: an out-of-memory then stops
+  // the start, not a request.
+  if (app.count("--reserve-memory") + app.count("--no-reserve-memory") == 0) {
+    options.reserve_memory = options.backend != "cpu";
+  }
 
   // The limits as kev_runner takes them: the model's, with the flags' overrides.
   kev::Limits limits;

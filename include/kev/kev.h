@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -120,6 +121,13 @@ struct Options {
   std::string cuda_gemm = "f16";
   std::string adapter;             // WebGPU adapter: name substring or type ("discrete", "cpu"); "" = default
   bool profile_ops = false;        // time every op (waits for the device after each; slows passes)
+  // Take the device memory the limits can need at load: Engine::load runs the largest passes the
+  // limits allow (a prefill of max_prefix tokens, a score pass of the whole token budget over it, and
+  // one row of max_context − 1 tokens when that is longer) with throw-away tokens, so the activation
+  // arena, the backend's per-pass scratch and a snapshot's worth of blocks are in the backend's pool
+  // before the first request, and an out-of-memory fails the load, not a request
+  // (docs/architecture.md, Memory). Costs those passes' time at load; meant for GPU backends.
+  bool reserve_memory = false;
   // Loading an upstream checkpoint directory (head.pt + adapter or full weights) instead of an exported
   // model: the HF base it was trained on (not needed for full weights), and the LoRA user scale s.
   // Such a load uses `limits` when override_limits, else the Limits defaults.
@@ -128,6 +136,13 @@ struct Options {
 };
 
 // ---- Engine ---------------------------------------------------------------------------------------
+
+// A GPU backend's device memory (Engine::device_memory). Bytes are the pool's block sizes.
+struct DeviceMemory {
+  size_t bytes_in_use = 0;   // held now: weights, snapshots, the activation arena, per-pass scratch
+  size_t bytes_cached = 0;   // freed blocks the pool keeps for reuse
+  uint64_t allocations = 0;  // blocks taken from the driver since load
+};
 
 // Time spent per op kind over all passes so far (filled when Options::profile_ops is set).
 struct OpProfile {
@@ -192,6 +207,8 @@ class Engine {
   // Which op ran on which backend in the passes so far, and token counts.
   std::string placement_report() const;
   std::vector<OpProfile> op_profile() const;
+  // The backend's device memory counters; nullopt for backends without a device pool (cpu, webgpu).
+  std::optional<DeviceMemory> device_memory() const;
 
  private:
   explicit Engine(std::unique_ptr<EngineImpl> impl);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend/tensor.h"
+#include "kev/kev.h"
 #include "kev/result.h"
 
 namespace kev {
@@ -88,6 +89,8 @@ class Backend {
   virtual Status download(const Tensor& src, void* dst, size_t bytes) = 0;      // src contiguous
   virtual Status fill_zero(const Tensor& dst) = 0;                              // dst contiguous
   virtual Status synchronize() = 0;
+  // Device memory counters, for backends that keep a device pool (CUDA); nullopt otherwise.
+  virtual std::optional<DeviceMemory> memory() const { return std::nullopt; }
 
   // ---- ops (shapes outermost first; n = tokens in the pass) ---------------------------------------
   // table [V,d] F32|BF16, ids [n] I32 -> out [n,d].

@@ -43,6 +43,49 @@ struct EngineImpl {
   EngineImpl(ModelFile m, Tokenizer t, Encoder e) : model(std::move(m)), tokenizer(std::move(t)), encoder(std::move(e)) {}
 };
 
+namespace {
+
+// Options::reserve_memory: the largest passes the limits allow, with throw-away tokens (id 0). Their
+// arena, scratch and snapshot blocks stay in the backend's pool for the passes that follow. A score
+// pass's rows are short (kRows tokens each, the many-questions case) unless max_questions forces
+// longer ones.
+Status reserve_memory(ModelRunner& runner, const Limits& lim) {
+  constexpr int64_t kRows = 32;
+  auto score_pass = [&](const PrefixState& prefix, int64_t n) {
+    int64_t rows = (n + kRows - 1) / kRows;
+    if (lim.max_questions > 0) rows = std::min(rows, lim.max_questions);
+    ScorePass pass;
+    pass.tokens.assign(static_cast<size_t>(n), 0);
+    pass.layout.offsets = {0};
+    pass.layout.pos0 = prefix.n_tokens;
+    pass.layout.from_prefix = true;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t begin = pass.layout.offsets.back();
+      const int32_t end = static_cast<int32_t>(n * (r + 1) / rows);
+      pass.layout.offsets.push_back(end);
+      pass.option_rows.push_back(begin);
+      pass.option_question.push_back(static_cast<int32_t>(r));
+      pass.decide_rows.push_back(end - 1);
+    }
+    return runner.score(prefix, pass).status();
+  };
+  auto reserve = [&](int64_t state_tokens, int64_t row_tokens) -> Status {
+    KEV_ASSIGN_OR_RETURN(PrefixState prefix, runner.prefill(std::vector<int32_t>(static_cast<size_t>(state_tokens), 0)));
+    return score_pass(prefix, row_tokens);
+  };
+  Status st = reserve(lim.max_prefix, lim.pass_token_budget);
+  if (st.ok() && lim.max_context - 1 > lim.pass_token_budget) st = reserve(1, lim.max_context - 1);
+  runner.reset_op_stats();
+  if (!st.ok()) {
+    return Status(st.code(), cat("reserving device memory for the limits (max_prefix ", lim.max_prefix,
+                                 ", pass_token_budget ", lim.pass_token_budget, ", max_context ", lim.max_context,
+                                 ") failed: ", st.message(), "; lower the limits or load without reserve_memory"));
+  }
+  return Status::success();
+}
+
+}  // namespace
+
 struct PrefixImpl {
   PrefixState state;
   std::vector<int32_t> tokens;
@@ -157,6 +200,7 @@ Result<Engine> Engine::load(const std::string& path, const Options& options) {
   info.temperature = temperature;
   info.limits = limits;
   impl->runner = std::make_unique<ModelRunner>(backend, impl->model.config, std::move(weights), logit_scale);
+  if (options.reserve_memory) KEV_TRY(reserve_memory(*impl->runner, limits));
   impl->runner->set_profiling(options.profile_ops);
   return Engine(std::move(impl));
 }
@@ -277,6 +321,8 @@ std::vector<OpProfile> Engine::op_profile() const {
   return out;
 }
 
+std::optional<DeviceMemory> Engine::device_memory() const { return impl_->backend->memory(); }
+
 std::string Engine::placement_report() const {
   const EngineImpl& e = *impl_;
   const BackendInfo bi = e.backend->info();
@@ -287,6 +333,10 @@ std::string Engine::placement_report() const {
   for (size_t i = 0; i < st.calls.size(); ++i) {
     if (st.calls[i] == 0) continue;
     s += cat("  ", op_name(static_cast<OpKind>(i)), ": ", bi.name, " (", st.calls[i], ")\n");
+  }
+  if (const std::optional<DeviceMemory> m = e.backend->memory()) {
+    s += cat("device memory: ", m->bytes_in_use >> 20, " MiB in use, ", m->bytes_cached >> 20, " MiB cached, ",
+             m->allocations, " allocations\n");
   }
   s += cat("CPU fallbacks: none\n", "state passes: ", e.prefills, " (", e.state_tokens, " tokens); score passes: ",
            e.passes, " (", e.rows, " rows, ", e.row_tokens, " tokens)\n");

@@ -87,6 +87,7 @@ class ModelRunner {
   const OpStats& op_stats() const { return stats_; }
   // Times every op (synchronising after each) and counts matmul/attention FLOPs.
   void set_profiling(bool on) { profiling_ = on; }
+  void reset_op_stats() { stats_ = {}; }
 
  private:
   // Checks supports() for the op (an Unsupported error names the op and operands), counts it, runs it.

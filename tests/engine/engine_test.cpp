@@ -184,6 +184,26 @@ TEST(Engine, PrefixContinuationEqualsFullRecompute) {
   EXPECT_LE(worst, 1e-5) << "max |Δlogit| between the prefix path and a full recompute";
 }
 
+// Reserving memory at load runs throw-away passes; they must leave nothing behind that a request sees:
+// the same answers bit for bit and the same placement report (its op counts start after the load).
+TEST(Engine, ReservingMemoryAtLoadChangesNoAnswer) {
+  Options plain;
+  plain.override_limits = true;
+  plain.limits.max_prefix = 64;
+  plain.limits.max_context = 160;
+  plain.limits.pass_token_budget = 96;  // max_context − 1 > budget: the lone-row pass runs too
+  Options reserved = plain;
+  reserved.reserve_memory = true;
+  Engine a = load_tiny(plain);
+  Engine b = load_tiny(reserved);
+  EXPECT_FALSE(b.device_memory().has_value());  // the CPU backend has no device pool
+  auto ra = a.system_one(kState, sample_questions());
+  auto rb = b.system_one(kState, sample_questions());
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  for (size_t q = 0; q < ra->answers.size(); ++q) EXPECT_EQ(ra->answers[q].logits, rb->answers[q].logits);
+  EXPECT_EQ(a.placement_report(), b.placement_report());
+}
+
 TEST(Engine, RejectsBadRequestsWithClearErrors) {
   Options opts;
   opts.override_limits = true;

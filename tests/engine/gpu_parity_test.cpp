@@ -125,6 +125,70 @@ Question random_question(std::mt19937_64& rng, int i) {
   }
 }
 
+// Options::reserve_memory on CUDA: after the load, requests within the limits take no more device
+// memory from the driver than their snapshots (arena, scratch and workspaces were reserved), whatever
+// the pass layout: one short row, many rows, one row longer than the token budget, a state at the
+// limit. The tiny model's bf16 export runs the FP16 GEMM path with its scratch copies.
+TEST(CudaMemory, ReservedAtLoadCoversEveryPassWithinTheLimits) {
+  auto b = create_backend("cuda", BackendOptions{});
+  if (!b.ok()) GTEST_SKIP() << "cuda backend unavailable: " << b.status().to_string();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("kev-tiny-bf16-" + std::to_string(::getpid()))).string();
+  SyntheticOptions so;
+  so.kind = "tiny";
+  so.seed = 5;
+  so.dtype = "bf16";
+  so.tokenizer_path = KEV_QWEN3_TOKENIZER;
+  so.out_dir = dir;
+  ASSERT_TRUE(write_synthetic_model(so).ok());
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() { std::filesystem::remove_all(d); }
+  } cleanup{dir};
+
+  Options o;
+  o.backend = "cuda";
+  o.override_limits = true;
+  o.limits.max_prefix = 512;
+  o.limits.max_context = 1536;
+  o.limits.pass_token_budget = 1024;
+  o.reserve_memory = true;
+  auto engine = Engine::load(dir, o);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  ASSERT_TRUE(engine->device_memory().has_value());
+  const uint64_t at_load = engine->device_memory()->allocations;
+
+  std::string long_state;
+  while (long_state.size() < 1500) long_state += "Customer 4411 was charged twice for the March invoice. ";
+  auto big = engine->prefill(long_state);
+  ASSERT_TRUE(big.ok()) << big.status().to_string();
+  ASSERT_GT(big->state_tokens(), 256);
+  auto small = engine->prefill("A short ticket about a refund.");
+  ASSERT_TRUE(small.ok()) << small.status().to_string();
+  const uint64_t with_snapshots = engine->device_memory()->allocations;
+
+  std::mt19937_64 rng(5);
+  Questions many;
+  for (int i = 0; i < 60; ++i) many.push_back(random_question(rng, i));
+  std::string long_text;
+  while (long_text.size() < 7000) long_text += "refund invoice outage seat plan callback card export ";
+  Questions one_long = {{"long", Noul{"Is it about " + long_text + "?", "", ""}}};
+  for (Prefix* p : {&*big, &*small}) {
+    for (const Questions* qs : {&many, &one_long}) {
+      if (p == &*big && qs == &one_long) continue;  // over max_context with the long state
+      auto r = engine->evaluate(*p, *qs);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+    }
+    auto r = engine->evaluate(*p, {many.front()});
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+  }
+  const DeviceMemory m = *engine->device_memory();
+  EXPECT_EQ(m.allocations, with_snapshots) << "passes within the limits took device memory after the load";
+  std::printf("cuda reserve_memory: %llu allocations at load, %llu after two snapshots, %llu after 6 evaluations; "
+              "%zu MiB in use, %zu MiB cached\n",
+              static_cast<unsigned long long>(at_load), static_cast<unsigned long long>(with_snapshots),
+              static_cast<unsigned long long>(m.allocations), m.bytes_in_use >> 20, m.bytes_cached >> 20);
+}
+
 TEST(CudaBf16, Synthetic08bMatchesCpuFp32On200Questions) {
   auto b = create_backend("cuda", BackendOptions{});
   if (!b.ok()) GTEST_SKIP() << "cuda backend unavailable: " << b.status().to_string();

@@ -255,6 +255,10 @@ class CudaBackend final : public Backend {
   bool supports(const OpDesc& desc) const override;
 
   CudaPoolStats pool_stats() const { return pool_ ? pool_->stats() : CudaPoolStats{}; }
+  std::optional<DeviceMemory> memory() const override {
+    const CudaPoolStats p = pool_stats();
+    return DeviceMemory{p.bytes_in_use, p.bytes_cached, p.device_allocations};
+  }
   CudaGraphStats graph_stats() const {
     CudaGraphStats s;
     if (recorder_) {

@@ -19,7 +19,9 @@
 // (binary_half, float4 path only, f16_rows.cuh's rule): one 256-thread block per GEMM row (`group`
 // rows of out: sigmoid_mul's H heads of a token), the row's max needing the whole row; each thread
 // converts the float4s it wrote. copy: one thread per element of the flattened [rows, d] space, 256 per
-// block. gdn_gates: one thread per (token, head), 256 per block. f32_to_bf16_rows: grid
+// block (F32 to F32 under the binary maps' float4 conditions: one thread per float4; the per-element
+// kernel reached 1.67 TB/s on the H200, which kev_benchmark --ceilings reported as the copy ceiling).
+// gdn_gates: one thread per (token, head), 256 per block. f32_to_bf16_rows: grid
 // (n, min(ceil(k / (4·256)), 65535)), a thread converting 4 consecutive values (float4 in, 8 bytes
 // out) per step when x's rows are 16-byte aligned and k % 4 == 0, else one value per step (grid.y
 // from ceil(k / 256)). f32_to_f16_rows_scaled and scale_bias_rows: one 256-thread block per row (the
@@ -165,6 +167,14 @@ __global__ void copy_kernel(const void* x, Rows xr, void* out, Rows outr, uint32
   } else {
     static_cast<float*>(out)[oo] = static_cast<const float*>(x)[xo];
   }
+}
+
+__global__ void copy_f32x4_kernel(const float* x, Rows xr, float* out, Rows outr, uint32_t dv, uint32_t total) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const uint32_t row = i / dv, j = 4 * (i - row * dv);
+  *reinterpret_cast<float4*>(out + row_offset(outr, row) + j) =
+      *reinterpret_cast<const float4*>(x + row_offset(xr, row) + j);
 }
 
 // With kSplit, x = hi + lo with both BF16: hi = round(x) into rows [0, n), lo = round(x − hi) into rows
@@ -317,6 +327,12 @@ cudaError_t launch_copy(const void* x, bool x_bf16, const Rows& xr, void* out, b
   const int64_t rows = xr.count();
   if (rows == 0 || d == 0) return cudaSuccess;
   if (rows * d >= kMaxElementwise) return cudaErrorInvalidValue;  // 32-bit flattened index
+  if (!x_bf16 && !out_bf16 && d % 4 == 0 && rows_vec4(xr) && rows_vec4(outr) && aligned16(x) && aligned16(out)) {
+    const uint32_t total = static_cast<uint32_t>(rows * d / 4);
+    copy_f32x4_kernel<<<(total + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+        static_cast<const float*>(x), xr, static_cast<float*>(out), outr, static_cast<uint32_t>(d / 4), total);
+    return cudaGetLastError();
+  }
   const uint32_t total = static_cast<uint32_t>(rows * d), dd = static_cast<uint32_t>(d);
   const unsigned grid = (total + kThreads - 1) / kThreads;
   if (x_bf16 && out_bf16) {

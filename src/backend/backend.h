@@ -159,6 +159,10 @@ struct BackendOptions {
   int device = 0;               // CUDA: device ordinal
   bool cuda_graphs = true;      // CUDA: replay recurring passes as CUDA graphs
   CudaGemm cuda_gemm = CudaGemm::F16;  // CUDA: GEMM operands for 16-bit projection weights
+  // CUDA: attention's two products on FP16 tensor cores (operands under power-of-two scales, FP32
+  // softmax and accumulation) instead of 3xTF32. The engine sets it for bf16 exports in the f16 and
+  // bf16 GEMM modes, whose projections already round their inputs to 16 bits (docs/numerics.md).
+  bool cuda_attention_f16 = false;
   std::string adapter;          // WebGPU: adapter name substring or type ("discrete", "cpu", ...); empty = default
   bool webgpu_f16 = false;      // WebGPU: F16 kernels where the adapter has shader-f16 (FP32 otherwise)
   // Only supports() is needed (kev_export's op audit): succeed without a device, answering for the

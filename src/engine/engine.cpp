@@ -164,6 +164,10 @@ Result<Engine> Engine::load(const std::string& path, const Options& options) {
             tokenizer.vocab_size(), " ids but the model's embedding has only ", model.config.n_vocab, " rows");
 
   KEV_ASSIGN_OR_RETURN(BackendOptions backend_opts, backend_options(options));
+  // CUDA attention at the precision of the model's projections: FP16 products where a bf16 export's
+  // GEMMs round their inputs to 16 bits; 3xTF32 for fp32 exports and bf16x2 (FP32-level inputs).
+  const std::string export_dtype = checkpoint ? default_export_dtype(options.backend) : model.kev.dtype;
+  backend_opts.cuda_attention_f16 = export_dtype == "bf16" && backend_opts.cuda_gemm != CudaGemm::BF16x2;
   KEV_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, create_backend(options.backend, backend_opts));
 
   ModelWeights weights;

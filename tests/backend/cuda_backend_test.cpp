@@ -38,14 +38,16 @@ using optest::OpCase;
 using optest::out;
 using optest::padded;
 
-// The CUDA backend (graphs on or off), or null with the reason it could not be opened.
-std::shared_ptr<Backend> cuda_backend(bool graphs, std::string* why) {
-  static std::shared_ptr<Backend> cache[2];
+// The CUDA backend (graphs on or off; attention's products on FP16 tensor cores when f16_attention,
+// as the engine sets it for bf16 exports), or null with the reason it could not be opened.
+std::shared_ptr<Backend> cuda_backend(bool graphs, std::string* why, bool f16_attention = false) {
+  static std::shared_ptr<Backend> cache[2][2];
   static std::string reason;
-  std::shared_ptr<Backend>& b = cache[graphs ? 1 : 0];
+  std::shared_ptr<Backend>& b = cache[f16_attention ? 1 : 0][graphs ? 1 : 0];
   if (!b && reason.empty()) {
     BackendOptions o;
     o.cuda_graphs = graphs;
+    o.cuda_attention_f16 = f16_attention;
     auto r = create_backend("cuda", o);
     if (r.ok()) {
       b = r.value();
@@ -123,9 +125,17 @@ struct AttnShape {
   int64_t H, Hkv, hd;
 };
 
+// The operands' values: q and k (prefix and own) ~ N(0, 4), v ~ N(0, 1) unless given; a non-empty tag
+// names the others in the case label.
+struct AttnValues {
+  optest::InitFn q = normal(0, 2), k = normal(0, 2), v = normal();
+  std::string tag;
+};
+
 // q is the query half of q_proj's [n,H,2·hd] output (head stride 2·hd), as in the forward; q_front > 0
 // shifts it by that many floats, which takes the kernel's scalar (unaligned) load and store path.
-OpCase attention_case(AttnShape s, int64_t Ls, const std::vector<int64_t>& seqs, int64_t q_front = 0) {
+OpCase attention_case(AttnShape s, int64_t Ls, const std::vector<int64_t>& seqs, int64_t q_front = 0,
+                      const AttnValues& values = {}) {
   int64_t n = 0;
   for (int64_t l : seqs) n += l;
   const bool prefix = Ls > 0;
@@ -134,17 +144,43 @@ OpCase attention_case(AttnShape s, int64_t Ls, const std::vector<int64_t>& seqs,
   return OpCase{OpKind::Attention,
                 "H=" + std::to_string(s.H) + ",Hkv=" + std::to_string(s.Hkv) + ",hd=" + std::to_string(s.hd) +
                     ",Ls=" + std::to_string(Ls) + ",seqs=" + lengths_str(seqs) + ",q_view" +
-                    (q_front > 0 ? ",unaligned" : ""),
-                {padded(in("q", {n, s.H, s.hd}, normal(0, 2)), q_front, s.hd - q_front),
-                 in("k", {n, s.Hkv, s.hd}, normal(0, 2)),
-                 in("v", {n, s.Hkv, s.hd}, normal()),
-                 prefix ? in("prefix_k", {Ls, s.Hkv, s.hd}, normal(0, 2)) : absent("prefix_k"),
-                 prefix ? in("prefix_v", {Ls, s.Hkv, s.hd}, normal()) : absent("prefix_v"),
+                    (q_front > 0 ? ",unaligned" : "") + (values.tag.empty() ? "" : "," + values.tag),
+                {padded(in("q", {n, s.H, s.hd}, values.q), q_front, s.hd - q_front),
+                 in("k", {n, s.Hkv, s.hd}, values.k),
+                 in("v", {n, s.Hkv, s.hd}, values.v),
+                 prefix ? in("prefix_k", {Ls, s.Hkv, s.hd}, values.k) : absent("prefix_k"),
+                 prefix ? in("prefix_v", {Ls, s.Hkv, s.hd}, values.v) : absent("prefix_v"),
                  out("out", {n, s.H, s.hd})},
                 kTolReduction,
                 [=](Backend& b, const std::vector<Tensor>& t) {
                   return b.attention(t[0], t[1], t[2], t[3], t[4], layout, scale, t[5]);
                 }};
+}
+
+// The attention kernels' edges at Kev's shapes, beside the shared table's cases.
+std::vector<OpCase> attention_extra_cases() {
+  std::vector<OpCase> c;
+  const AttnShape a08{8, 2, 256}, a4b{16, 4, 256}, a64{8, 2, 64};
+  c.push_back(attention_case(a08, 0, {70}));
+  c.push_back(attention_case(a08, 1, {5}));
+  c.push_back(attention_case(a08, 325, {1, 7, 64}));
+  c.push_back(attention_case(a4b, 325, {20}));
+  c.push_back(attention_case(a4b, 2049, {3, 40}));
+  c.push_back(attention_case(a08, 2049, {1}));
+  c.push_back(attention_case(a08, 0, {9, 1, 40}));
+  c.push_back(attention_case(a64, 325, {9, 1, 40}));
+  c.push_back(attention_case(a64, 0, {130}));
+  // The tensor-core kernel's other shapes: hd 128, a group size that does not divide 64 (G = 3: 21
+  // tokens, 63 rows per tile), G = 1, the scalar path, and a 4b causal prefill long enough to run
+  // without key splits (69 query tiles × 4 KV heads).
+  const AttnShape a128{16, 4, 128}, g3{6, 2, 64}, g1{4, 4, 64};
+  c.push_back(attention_case(a128, 300, {33, 2, 90}));
+  c.push_back(attention_case(g3, 17, {30, 12, 1}));
+  c.push_back(attention_case(g1, 0, {100}));
+  c.push_back(attention_case(a128, 0, {50}, 1));
+  c.push_back(attention_case(a4b, 40, {7, 30}, 3));
+  c.push_back(attention_case(a4b, 0, {1100}));
+  return c;
 }
 
 const std::vector<OpCase>& cuda_extra_cases() {
@@ -174,26 +210,7 @@ const std::vector<OpCase>& cuda_extra_cases() {
     c.push_back(optest::conv_case(1030, 4, {500, 0, 2, 700, 17}, true, false, 0));
     c.push_back(optest::conv_case(512, 4, {1, 1023, 40}, true, false, 96));
     c.push_back(optest::conv_case(64, 6, {1030}, true, true, 0));
-    const AttnShape a08{8, 2, 256}, a4b{16, 4, 256}, a64{8, 2, 64};
-    c.push_back(attention_case(a08, 0, {70}));
-    c.push_back(attention_case(a08, 1, {5}));
-    c.push_back(attention_case(a08, 325, {1, 7, 64}));
-    c.push_back(attention_case(a4b, 325, {20}));
-    c.push_back(attention_case(a4b, 2049, {3, 40}));
-    c.push_back(attention_case(a08, 2049, {1}));
-    c.push_back(attention_case(a08, 0, {9, 1, 40}));
-    c.push_back(attention_case(a64, 325, {9, 1, 40}));
-    c.push_back(attention_case(a64, 0, {130}));
-    // The tensor-core kernel's other shapes: hd 128, a group size that does not divide 64 (G = 3: 21
-    // tokens, 63 rows per tile), G = 1, the scalar path, and a 4b causal prefill long enough to run
-    // without key splits (69 query tiles × 4 KV heads).
-    const AttnShape a128{16, 4, 128}, g3{6, 2, 64}, g1{4, 4, 64};
-    c.push_back(attention_case(a128, 300, {33, 2, 90}));
-    c.push_back(attention_case(g3, 17, {30, 12, 1}));
-    c.push_back(attention_case(g1, 0, {100}));
-    c.push_back(attention_case(a128, 0, {50}, 1));
-    c.push_back(attention_case(a4b, 40, {7, 30}, 3));
-    c.push_back(attention_case(a4b, 0, {1100}));
+    for (OpCase& a : attention_extra_cases()) c.push_back(std::move(a));
     return c;
   }();
   return cases;
@@ -223,6 +240,65 @@ std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaOpVsReference, ::testing::Range<size_t>(0, case_count()), case_name);
+
+// ---- attention on FP16 tensor cores (BackendOptions::cuda_attention_f16) ----------------------------
+
+// NMSE bound of the FP16 products against the CPU reference. Rounding q, k, v and p to FP16 (<= 2^-11
+// relative each) and nothing else, emulated in double at these cases' inputs (q, k ~ N(0, 4): scores
+// with standard deviation 4, a sharp softmax; hd 64 and 256; 40 to 2,049 keys), gives NMSE 2.5e-7 to
+// 4.2e-7. 2e-6 leaves room for the tensor cores' accumulation order; a wrong key, mask or scale costs
+// 1e-3 and more. (The 3xTF32 products are held to kTolReduction, 1e-10.)
+constexpr double kTolAttentionF16 = 2e-6;
+
+// Rows (innermost dim, hd values) of N(0, 1) values times 10^5, 1 or 10^-6, cycling every 37 rows: key
+// tiles of 32 whose V scales differ, some tiles holding two magnitudes.
+optest::InitFn magnitudes_by_row() {
+  return [](optest::Rng& rng, const std::vector<int64_t>& shape, std::vector<double>& v) {
+    std::normal_distribution<double> d(0.0, 1.0);
+    const size_t row = static_cast<size_t>(shape.back());
+    for (size_t i = 0; i < v.size(); ++i) {
+      const size_t band = i / row / 37 % 3;
+      v[i] = d(rng) * (band == 0 ? 1e5 : band == 1 ? 1.0 : 1e-6);
+    }
+  };
+}
+
+// The shared table's attention cases, the extra ones above, and operands outside FP16's normal range,
+// which only the power-of-two scales keep: q at 2e-5 (subnormal unscaled: ~8 bits), k and v at 1e5
+// (past 65,504: inf unscaled), v at 1e-6 (~4 bits unscaled), v of three magnitudes by row (the
+// accumulator's rescale between key tiles of different V scales).
+const std::vector<OpCase>& f16_attention_cases() {
+  static const std::vector<OpCase> cases = [] {
+    std::vector<OpCase> c;
+    for (const OpCase& shared : optest::all_op_cases()) {
+      if (shared.kind == OpKind::Attention) c.push_back(shared);
+    }
+    for (OpCase& a : attention_extra_cases()) c.push_back(std::move(a));
+    const AttnShape a08{8, 2, 256}, a4b{16, 4, 256};
+    c.push_back(attention_case(a08, 325, {1, 7, 64}, 0, {normal(0, 2e-5), normal(0, 1e5), normal(0, 1e5), "q_tiny,kv_huge"}));
+    c.push_back(attention_case(a4b, 40, {7, 30}, 0, {normal(0, 2), normal(0, 2), normal(0, 1e-6), "v_tiny"}));
+    c.push_back(attention_case(a08, 325, {1, 7, 64}, 0, {normal(0, 2), normal(0, 2), magnitudes_by_row(), "v_mixed"}));
+    c.push_back(attention_case(a4b, 2049, {3, 40}, 0, {normal(0, 2), normal(0, 2), magnitudes_by_row(), "v_mixed"}));
+    for (OpCase& x : c) x.max_nmse = kTolAttentionF16;
+    return c;
+  }();
+  return cases;
+}
+
+class CudaAttentionF16 : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(CudaAttentionF16, MatchesReference) {
+  std::string why;
+  const std::shared_ptr<Backend> gpu = cuda_backend(true, &why, true);
+  if (!gpu) GTEST_SKIP() << "CUDA backend unavailable: " << why;
+  const CaseReport r = optest::run_case(f16_attention_cases()[GetParam()], *gpu, cpu_reference());
+  ASSERT_TRUE(r.supported) << r.message;
+  EXPECT_TRUE(r.ok) << r.message;
+  std::cout << r.message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaAttentionF16, ::testing::Range<size_t>(0, f16_attention_cases().size()),
+                         [](const ::testing::TestParamInfo<size_t>& info) { return "attention_" + std::to_string(info.param); });
 
 // ---- 16-bit weights ---------------------------------------------------------------------------------
 
@@ -793,6 +869,57 @@ TEST(CudaGraphs, GatedDeltaRuleAndAttentionReplay) {
 #endif
 }
 
+// The FP16 path really runs when enabled (its distance from the 3xTF32 result is FP16 rounding: above
+// 3xTF32's 1e-13-level error, within the op tests' bound), and its launches (the key conversion, the
+// kernel, the key-split combine) replay from a CUDA graph bit for bit: direct run, capture, replays.
+TEST(CudaAttentionF16, RunsFp16ProductsAndReplaysBitwise) {
+  KEV_CUDA_OR_SKIP(tf32, true);
+  std::string why;
+  const std::shared_ptr<Backend> f16 = cuda_backend(true, &why, true);
+  ASSERT_TRUE(f16) << why;
+  using testing::make_f32;
+  using testing::randn;
+  const int64_t H = 8, Hkv = 2, hd = 256, Ls = 300;
+  const SeqLayout layout = layout_of({30, 40}, Ls, true);
+  const int64_t n = layout.n_tokens();
+  struct Operands {
+    testing::DeviceTensor q, k, v, pk, pv, out;
+  };
+  auto operands = [&](Backend& b) {
+    Operands o{make_f32(b, {n, H, hd}),
+               make_f32(b, {n, Hkv, hd}, randn(n * Hkv * hd, 2.0f, 61)),
+               make_f32(b, {n, Hkv, hd}, randn(n * Hkv * hd, 1.0f, 62)),
+               make_f32(b, {Ls, Hkv, hd}, randn(Ls * Hkv * hd, 2.0f, 63)),
+               make_f32(b, {Ls, Hkv, hd}, randn(Ls * Hkv * hd, 1.0f, 64)),
+               make_f32(b, {n, H, hd})};
+    EXPECT_TRUE(b.synchronize().ok());  // the setup is a pass of its own
+    return o;
+  };
+  auto pass = [&](Backend& b, Operands& o, uint64_t seed) {
+    const std::vector<float> qv = randn(n * H * hd, 2.0f, seed);
+    EXPECT_TRUE(b.upload(o.q.t, qv.data(), qv.size() * 4).ok());
+    const Status st = b.attention(o.q.t, o.k.t, o.v.t, o.pk.t, o.pv.t, layout, 1.0f / 16.0f, o.out.t);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return testing::read_f32(b, o.out.t);
+  };
+  Operands of = operands(*f16), ot = operands(*tf32);
+#ifdef KEV_HAVE_CUDA
+  const CudaGraphStats before = cuda_graph_stats(*f16).value();
+#endif
+  const std::vector<float> first = pass(*f16, of, 60);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(pass(*f16, of, 60), first) << "run " << i + 2;
+  EXPECT_NE(pass(*f16, of, 65), first);
+#ifdef KEV_HAVE_CUDA
+  const CudaGraphStats after = cuda_graph_stats(*f16).value();
+  EXPECT_EQ(after.capture_failures, before.capture_failures) << "a pass could not be captured into a CUDA graph";
+  EXPECT_GE(after.launches - before.launches, 3u);
+#endif
+  const double d = nmse(first, pass(*tf32, ot, 60));
+  std::printf("FP16 against 3xTF32 products: NMSE %.3g\n", d);
+  EXPECT_GT(d, 1e-10);
+  EXPECT_LE(d, kTolAttentionF16);
+}
+
 // Per-op wall times (ms, sorted) of `sample`, which records ops_per_sample ops into one pass and
 // synchronizes: three untimed samples first (direct run, capture, first replay), then at least 5 timed
 // ones and min_time. Empty (with a test failure) when a sample fails.
@@ -824,12 +951,16 @@ std::vector<double> replayed_ms_per_op(const std::function<Status()>& sample, in
 // Timing of the attention kernel at Kev's passes: the 4b model (H = 16, Hkv = 4, hd = 256) over its
 // 2,187-token causal prefill, evaluations of 5 rows x 40 and 5 x 39 tokens (the long cached
 // evaluation's 195 row tokens) over that prefix and 6 rows x 37 over a 250-token prefix (the short
-// evaluation); the 0.8b model (H = 8, Hkv = 2) over a 250-token prefill and 6 rows x 37 over it. Each
-// sample records 20 attention ops into one pass (graphs on, as the forward) and synchronizes; the
-// median sample per op is printed with the rate at 4·H·hd FLOPs per visible (query, key) pair. Not a benchmark protocol. Run with
+// evaluation); the 0.8b model (H = 8, Hkv = 2) over a 250-token prefill and 6 rows x 37 over it; each
+// with the 3xTF32 products, then the FP16 ones. Each sample records 20 attention ops into one pass
+// (graphs on, as the forward) and synchronizes; the median sample per op is printed with the rate at
+// 4·H·hd FLOPs per visible (query, key) pair. Not a benchmark protocol. Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='CudaAttention.DISABLED_Timing'
 TEST(CudaAttention, DISABLED_Timing) {
-  KEV_CUDA_OR_SKIP(gpu, true);
+  KEV_CUDA_OR_SKIP(tf32, true);
+  std::string why;
+  const std::shared_ptr<Backend> f16 = cuda_backend(true, &why, true);
+  ASSERT_TRUE(f16) << why;
   using testing::make_f32;
   using testing::randn;
   struct Pass {
@@ -837,36 +968,37 @@ TEST(CudaAttention, DISABLED_Timing) {
   };
   const int64_t hd = 256;
   constexpr int kOpsPerSample = 20;
-  for (const Pass& s :
-       {Pass{16, 4, 0, 1, 2187}, Pass{16, 4, 2187, 5, 40}, Pass{16, 4, 2187, 5, 39}, Pass{16, 4, 250, 6, 37},
-        Pass{8, 2, 0, 1, 250}, Pass{8, 2, 250, 6, 37}}) {
-    const int64_t n = s.rows * s.len, H = s.H, Hkv = s.Hkv, Lp = std::max<int64_t>(s.Ls, 1);
-    SeqLayout layout;
-    for (int64_t r = 0; r < s.rows; ++r) layout.offsets.push_back(static_cast<int32_t>((r + 1) * s.len));
-    layout.from_prefix = s.Ls > 0;
-    auto q = make_f32(*gpu, {n, H, hd}, randn(n * H * hd, 1.0f, 31));
-    auto k = make_f32(*gpu, {n, Hkv, hd}, randn(n * Hkv * hd, 1.0f, 32));
-    auto v = make_f32(*gpu, {n, Hkv, hd}, randn(n * Hkv * hd, 1.0f, 33));
-    auto pk = make_f32(*gpu, {Lp, Hkv, hd}, randn(Lp * Hkv * hd, 1.0f, 34));
-    auto pv = make_f32(*gpu, {Lp, Hkv, hd}, randn(Lp * Hkv * hd, 1.0f, 35));
-    auto out = make_f32(*gpu, {n, H, hd});
-    const Tensor tpk = s.Ls > 0 ? pk.t : Tensor{}, tpv = s.Ls > 0 ? pv.t : Tensor{};
-    auto sample = [&] {
-      for (int i = 0; i < kOpsPerSample; ++i) {
-        const Status st = gpu->attention(q.t, k.t, v.t, tpk, tpv, layout, 1.0f / 16.0f, out.t);
-        if (!st.ok()) return st;
-      }
-      return gpu->synchronize();
-    };
-    const std::vector<double> ms = replayed_ms_per_op(sample, kOpsPerSample, std::chrono::seconds(1));
-    ASSERT_FALSE(ms.empty());
-    const double pairs = static_cast<double>(s.rows) * (s.len * s.Ls + s.len * (s.len + 1) / 2);
-    const double med = ms[ms.size() / 2];
-    std::printf("attention H=%lld Hkv=%lld hd=%lld Ls=%lld, %lld rows x %lld: median %.4f ms, min %.4f ms "
-                "(%zu samples), %.2f TFLOP/s\n",
-                static_cast<long long>(H), static_cast<long long>(Hkv), static_cast<long long>(hd),
-                static_cast<long long>(s.Ls), static_cast<long long>(s.rows), static_cast<long long>(s.len), med,
-                ms.front(), ms.size(), 4.0 * hd * H * pairs / med * 1e-9);
+  for (Backend* gpu : {tf32.get(), f16.get()}) {
+    for (const Pass& s : {Pass{16, 4, 0, 1, 2187}, Pass{16, 4, 2187, 5, 40}, Pass{16, 4, 2187, 5, 39},
+                          Pass{16, 4, 250, 6, 37}, Pass{8, 2, 0, 1, 250}, Pass{8, 2, 250, 6, 37}}) {
+      const int64_t n = s.rows * s.len, H = s.H, Hkv = s.Hkv, Lp = std::max<int64_t>(s.Ls, 1);
+      SeqLayout layout;
+      for (int64_t r = 0; r < s.rows; ++r) layout.offsets.push_back(static_cast<int32_t>((r + 1) * s.len));
+      layout.from_prefix = s.Ls > 0;
+      auto q = make_f32(*gpu, {n, H, hd}, randn(n * H * hd, 1.0f, 31));
+      auto k = make_f32(*gpu, {n, Hkv, hd}, randn(n * Hkv * hd, 1.0f, 32));
+      auto v = make_f32(*gpu, {n, Hkv, hd}, randn(n * Hkv * hd, 1.0f, 33));
+      auto pk = make_f32(*gpu, {Lp, Hkv, hd}, randn(Lp * Hkv * hd, 1.0f, 34));
+      auto pv = make_f32(*gpu, {Lp, Hkv, hd}, randn(Lp * Hkv * hd, 1.0f, 35));
+      auto out = make_f32(*gpu, {n, H, hd});
+      const Tensor tpk = s.Ls > 0 ? pk.t : Tensor{}, tpv = s.Ls > 0 ? pv.t : Tensor{};
+      auto sample = [&] {
+        for (int i = 0; i < kOpsPerSample; ++i) {
+          const Status st = gpu->attention(q.t, k.t, v.t, tpk, tpv, layout, 1.0f / 16.0f, out.t);
+          if (!st.ok()) return st;
+        }
+        return gpu->synchronize();
+      };
+      const std::vector<double> ms = replayed_ms_per_op(sample, kOpsPerSample, std::chrono::seconds(1));
+      ASSERT_FALSE(ms.empty());
+      const double pairs = static_cast<double>(s.rows) * (s.len * s.Ls + s.len * (s.len + 1) / 2);
+      const double med = ms[ms.size() / 2];
+      std::printf("attention %s H=%lld Hkv=%lld hd=%lld Ls=%lld, %lld rows x %lld: median %.4f ms, min %.4f ms "
+                  "(%zu samples), %.2f TFLOP/s\n",
+                  gpu == f16.get() ? "FP16" : "3xTF32", static_cast<long long>(H), static_cast<long long>(Hkv),
+                  static_cast<long long>(hd), static_cast<long long>(s.Ls), static_cast<long long>(s.rows),
+                  static_cast<long long>(s.len), med, ms.front(), ms.size(), 4.0 * hd * H * pairs / med * 1e-9);
+    }
   }
 }
 

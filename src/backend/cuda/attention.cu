@@ -1,5 +1,7 @@
 // Causal grouped-query attention over a shared read-only prefix K/V plus each packed sequence's own
-// keys (the Attention op), flash-attention style, both products on tensor cores at FP32 accuracy.
+// keys (the Attention op), flash-attention style, both products on tensor cores: at FP32 accuracy
+// (3xTF32, the default), or on FP16 operands with FP32 accumulation (AttentionArgs::f16, the CUDA
+// backend's 16-bit GEMM modes; "FP16 products" below).
 //
 // Math. For query token t of sequence r (tokens [b_r, e_r) of the packed pass) and query head h
 // (KV head h / (H/Hkv)):
@@ -63,20 +65,64 @@
 // no spills), hd 64 and 128 for two (128 registers; hd 128 spills a little). The grid never depends on
 // the offsets' values.
 // Preconditions (attention_supported): hd ∈ {64, 128, 256}, Hkv >= 1 divides H, G = H/Hkv <= 64,
-// Hkv <= 65535; sm_80 or newer (TF32 mma, cp.async). Global loads and stores use 16-byte copies
-// (output float2) when every base pointer is 16-byte aligned and every stride a multiple of 4, scalar
-// accesses otherwise.
+// Hkv <= 65535; sm_80 or newer (TF32 and FP16 mma, ldmatrix, cp.async). Global loads and stores use
+// 16-byte copies (output float2) when every base pointer is 16-byte aligned and every stride a
+// multiple of 4, scalar accesses otherwise.
+//
+// FP16 products (AttentionArgs::f16). The same query rows, masks, key splits and combine; S = Q·Kᵀ and
+// O += P·V on mma.sync.m16n8k16 with FP16 operands and FP32 accumulation, softmax in FP32.
+// Representation. FP16 keeps 11 significant bits (BF16 8: the rounding of q and k sets the scores'
+// absolute error, which softmax turns into relative error of every probability) but ends at 65,504,
+// and q and k leave an RMSNorm with a learned gain while v has no norm at all, so larger values are
+// possible. Every operand therefore goes through f16_rows.cuh's rule, the F16 GEMM inputs' own: a group
+// of values is divided by a power of two s (1 unless the group's max |x| lies outside [2^-10, 2^15],
+// then into [2^14, 2^15]) before rounding, and s multiplies the products back in FP32. That is exact,
+// so nothing overflows and an element's rounding error is at most 2^-11 of itself or, in FP16's
+// subnormals, 2^-15 of its group's max |x| (a group holding inf keeps s = 1 and gives inf / NaN, as
+// FP32 would). Groups: each q row (its s folds into the row's score
+// factor); per KV head and key tile, its 32 keys × hd of K and, separately, of V (s_k folds into the
+// tile's score factor; O is held in units of the current tile's s_v, rescaled by s_v,old / s_v,new
+// together with the softmax's α, a power of two, exact). p ∈ [0, 1] is rounded unscaled (p < 2^-14
+// becomes subnormal: absolute error <= 2^-25 against a row sum >= 1), and the row sum adds the rounded
+// p, so each output row is a convex combination of the rounded values. Each operand's rounding is <=
+// 2^-11 relative; emulating these roundings in double at the op tests' inputs (q, k ~ N(0, 4), v ~
+// N(0, 1), hd 64 and 256, 40 to 2,049 keys) gives NMSE 2.5e-7 to 4.2e-7 against exact attention
+// (3xTF32: 1e-13).
+// Conversion. Every query tile of a KV head reads all its key tiles, so K and V are converted once per
+// op by a pre-pass (attention_keys_f16_kernel: one 256-thread block per key tile and KV head, block
+// max, f16_rows.cuh's rule) into workspace copies [L, Hkv, hd] FP16 of the unified key list (prefix
+// keys, then the pass's; L rounded up to 32 with zero keys) plus (s_k, s_v) per tile and KV head. The
+// kernel then streams FP16 tiles with cp.async: converting in the kernel would need the tile in
+// registers (32 keys × hd 256 × K and V = 128 floats a thread) or an FP32 staging area that halves the
+// blocks per SM. The pre-pass moves 6 bytes per key element (4B long prefill: 27 MB; not timed on
+// its own: the whole op went from 1.29 to 0.37 ms there on the H200). Q is converted as it is loaded,
+// once per block, each warp its own 16 rows (row max over the warp).
+// Key tiles sit at multiples of 32 of the unified list, so a tile's scales are shared by all blocks:
+// a block visits every prefix tile, then those holding its own keys (the first may overlap the last
+// prefix tile or start in an earlier sequence; the masks hide those keys).
+// Launch. Grid as above, 128 threads (4 warps): warp w owns rows 16w..16w+15 and the whole key tile.
+// S (16 × 32 per warp, two accumulator sets over alternating k-steps), masking and the online softmax
+// stay in registers (row max and sum over a quad's 4 lanes; exp2 of log2(e)-scaled scores); p is
+// rounded to FP16 straight into P·V's A fragments (the m16n8 accumulator layout is the m16n8k16 A
+// layout), and O (16 × hd per warp, hd/2 floats a thread) accumulates in registers. Shared memory
+// holds Q and two buffers each of K and V tiles as FP16 rows whose 16-byte chunks are XOR-swizzled by
+// row % 8, so the 8 rows an ldmatrix phase reads hit distinct banks; tile i+1 copies during tile i's
+// products, one barrier per tile. 384·hd bytes + row data (hd 256: 97 KiB; two blocks per SM on
+// sm_90, one on sm_86/89); compiled for two blocks per SM (255 registers at hd 256), four at hd 64.
 #include "backend/cuda/attention.cuh"
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/f16_rows.cuh"
+#include "backend/cuda/mma_f16.cuh"
 #include "backend/cuda/mma_tf32.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "attention.cu needs sm_80 or newer (mma.sync .tf32, cp.async): set CMAKE_CUDA_ARCHITECTURES to 80 or above"
+#error "attention.cu needs sm_80 or newer (mma.sync .tf32 / .f16, ldmatrix, cp.async): set CMAKE_CUDA_ARCHITECTURES to 80 or above"
 #endif
 
 namespace kev::cuda {
@@ -116,6 +162,11 @@ struct AttnLayout {
 };
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// Four consecutive floats: one 16-byte load when vec (p 16-byte aligned), else four scalar loads.
+__device__ __forceinline__ float4 load4(const float* p, bool vec) {
+  return vec ? ld4(p) : make_float4(p[0], p[1], p[2], p[3]);
+}
 
 // Copies `rows` rows of W floats into shared rows of stride ld; src(i) is row i's global address
 // (already offset to the first column) or null for a zero row.
@@ -458,6 +509,317 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
+// ---- FP16 products (header: "FP16 products") ----
+
+constexpr int kThreadsF16 = 128;    // 4 warps, one m16 row group each
+constexpr int kConvertThreads = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kThreadsF16 / 32 * kWarpRows == kRows, "the FP16 kernel's warps cover the query tile");
+
+// Resident blocks per SM the FP16 kernel is compiled for: each thread holds hd/2 output accumulators;
+// at hd 128 four blocks (128 registers) would spill, and at hd 256 shared memory (97 KiB) allows two.
+constexpr int f16_blocks_per_sm(int hd) { return hd > 64 ? 2 : 4; }
+
+template <int HD>
+struct F16Layout {
+  // In halves: Q [kRows][HD], then two K tiles and two V tiles [kKeys][HD]; then s_q and the row ranges.
+  static constexpr int kTile = kKeys * HD;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kRows * HD;
+  static constexpr int kV = kK + 2 * kTile;
+  static constexpr int kHalves = kV + 2 * kTile;
+  static constexpr size_t kBytes = kHalves * sizeof(__half) + kRows * sizeof(float) + 2 * kRows * sizeof(int);
+  static_assert(kHalves % 8 == 0, "16-byte aligned row data");
+  static_assert(kBytes <= 99 * 1024, "shared memory exceeds the smallest supported per-block limit");
+};
+
+// Offset in halves of 16-byte chunk c (halves 8c..8c+7) of row r of an FP16 [rows][HD] tile; the chunks
+// are XOR-swizzled by r % 8 (HD >= 64: a row has at least 8 chunks).
+template <int HD>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * HD + ((c ^ (r & 7)) << 3);
+}
+
+// The FP16 copies in the workspace: K and V [L, Hkv, hd] with L = tiles·kKeys, (s_k, s_v) per (tile,
+// KV head), then the splits' partial rows.
+struct F16Copies {
+  int64_t tiles = 0;
+  size_t kv_halves = 0;  // of K, and of V
+  size_t bytes = 0;      // K, V and scales, a multiple of 16
+};
+
+F16Copies f16_copies(const AttentionArgs& a) {
+  F16Copies c;
+  c.tiles = (a.prefix_len + a.n_tokens + kKeys - 1) / kKeys;
+  c.kv_halves = static_cast<size_t>(c.tiles) * kKeys * static_cast<size_t>(a.Hkv) * static_cast<size_t>(a.hd);
+  const size_t scale_bytes = static_cast<size_t>(c.tiles) * static_cast<size_t>(a.Hkv) * sizeof(float2);
+  c.bytes = 2 * c.kv_halves * sizeof(__half) + (scale_bytes + 15) / 16 * 16;
+  return c;
+}
+
+// One block per (key tile, KV head): the tile's keys of the unified list (prefix keys, then the pass's)
+// as FP16 K and V, each under its own power-of-two scale (f16_rows.cuh's rule over the tile's 32 × HD
+// values), zeros past the last key; scales[tile·Hkv + kvh] = (s_k, s_v), the factors that undo them.
+template <int HD>
+__global__ void __launch_bounds__(kConvertThreads)
+    attention_keys_f16_kernel(AttentionArgs a, bool vec, __half* kh, __half* vh, float2* scales) {
+  constexpr int kPer = kKeys * HD / 4 / kConvertThreads;  // float4s per thread, of K and of V
+  __shared__ float part_k[kConvertThreads / 32], part_v[kConvertThreads / 32];
+  const int kvh = blockIdx.y;
+  const int64_t u0 = static_cast<int64_t>(blockIdx.x) * kKeys, n_keys = a.prefix_len + a.n_tokens;
+  float4 kx[kPer], vx[kPer];
+  float mk = 0.0f, mv = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int f = threadIdx.x + i * kConvertThreads, key = f / (HD / 4), col = 4 * (f % (HD / 4));
+    const int64_t u = u0 + key;
+    kx[i] = vx[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (u < n_keys) {
+      const bool prefix = u < a.prefix_len;
+      const int64_t off = prefix ? (u * a.Hkv + kvh) * HD + col
+                                 : (u - a.prefix_len) * a.kv_token_stride + kvh * a.kv_head_stride + col;
+      kx[i] = load4((prefix ? a.prefix_k : a.k) + off, vec);
+      vx[i] = load4((prefix ? a.prefix_v : a.v) + off, vec);
+    }
+    mk = fmaxf(mk, abs_max(kx[i]));
+    mv = fmaxf(mv, abs_max(vx[i]));
+  }
+  const float inv_k = f16_row_inverse_scale(block_max(mk, part_k));
+  const float inv_v = f16_row_inverse_scale(block_max(mv, part_v));
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int f = threadIdx.x + i * kConvertThreads, key = f / (HD / 4), col = 4 * (f % (HD / 4));
+    const int64_t off = ((u0 + key) * a.Hkv + kvh) * HD + col;
+    store_f16(kh + off, kx[i], inv_k);
+    store_f16(vh + off, vx[i], inv_v);
+  }
+  if (threadIdx.x == 0) scales[static_cast<int64_t>(blockIdx.x) * a.Hkv + kvh] = make_float2(1.0f / inv_k, 1.0f / inv_v);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreadsF16, f16_blocks_per_sm(HD))
+    attention_f16_kernel(AttentionArgs a, const __half* kh, const __half* vh, const float2* scales,
+                         int tokens_per_tile, bool vec, float* part_o, float2* part_ml) {
+  using Lay = F16Layout<HD>;
+  constexpr int NK = HD / 16;            // k-steps of the scores
+  constexpr int NO = HD / 8;             // m16n8 output tiles per warp
+  constexpr int NS = kKeys / 8;          // m16n8 score tiles per warp
+  constexpr int kChunks = kKeys * HD / 8;  // 16-byte chunks of one K or V tile
+  constexpr int kQv = (HD / 4 + 31) / 32;  // float4s per lane of a q row
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* Qs = reinterpret_cast<__half*>(smem_raw) + Lay::kQ;
+  __half* Ks = reinterpret_cast<__half*>(smem_raw) + Lay::kK;
+  __half* Vs = reinterpret_cast<__half*>(smem_raw) + Lay::kV;
+  float* q_scale = reinterpret_cast<float*>(reinterpret_cast<__half*>(smem_raw) + Lay::kHalves);
+  int* row_lo = reinterpret_cast<int*>(q_scale + kRows);  // first visible own key (sequence start)
+  int* row_hi = row_lo + kRows;                           // last visible own key (the token); lo > hi: no row
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int G = a.H / a.Hkv, kvh = blockIdx.y;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * tokens_per_tile;
+  const int n_valid_tok = min(tokens_per_tile, a.n_tokens - q0);
+  const int n_rows = n_valid_tok * G;
+  const int split = blockIdx.z, n_splits = gridDim.z;
+
+  // Key tiles: all prefix tiles, then the tiles of the unified list holding keys prefix_len + own_lo ..
+  // prefix_len + own_hi (from the last prefix tile on, which the first may overlap).
+  const int own_lo = seq_start(a.offsets, a.n_seqs, q0), own_hi = q0 + n_valid_tok - 1;
+  const int64_t Ls = a.prefix_len;
+  const int64_t n_prefix_tiles = (Ls + kKeys - 1) / kKeys;
+  const int64_t own_first = max(n_prefix_tiles, (Ls + own_lo) / kKeys), own_last = (Ls + own_hi) / kKeys;
+  const int64_t n_tiles = n_prefix_tiles + (own_last - own_first + 1);
+  const int64_t kt_begin = n_tiles * split / n_splits, kt_end = n_tiles * (split + 1) / n_splits;
+  auto tile_of = [&](int64_t kt) { return kt < n_prefix_tiles ? kt : own_first + (kt - n_prefix_tiles); };
+  // Copies key tile tb's K and V into buffer buf (one cp.async group); its scales come with a plain load.
+  auto stage = [&](int64_t tb, int buf) {
+#pragma unroll
+    for (int idx = tid; idx < kChunks; idx += kThreadsF16) {
+      const int i = idx / (HD / 8), c = idx % (HD / 8);
+      const int64_t src = ((tb * kKeys + i) * a.Hkv + kvh) * HD + 8 * c;
+      cp_async<16>(Ks + buf * Lay::kTile + swz<HD>(i, c), kh + src, true);
+      cp_async<16>(Vs + buf * Lay::kTile + swz<HD>(i, c), vh + src, true);
+    }
+    cp_async_commit();
+    return scales[tb * a.Hkv + kvh];
+  };
+  float2 sc_next = make_float2(1.0f, 1.0f);
+  if (kt_begin < kt_end) sc_next = stage(tile_of(kt_begin), 0);  // overlaps the Q load
+
+  if (tid < kRows) {
+    int lo = 1, hi = 0;
+    if (tid < n_rows) {
+      const int t = q0 + tid / G;
+      lo = seq_start(a.offsets, a.n_seqs, t);
+      hi = t;
+    }
+    row_lo[tid] = lo;
+    row_hi[tid] = hi;
+  }
+  const int rb = kWarpRows * warp;
+  // The warp's q rows as FP16 under a power-of-two scale per row (f16_rows.cuh's rule).
+#pragma unroll 4
+  for (int rr = 0; rr < kWarpRows; ++rr) {
+    const int r = rb + rr;
+    const float* src = nullptr;
+    if (r < n_rows) {
+      const int64_t t = q0 + r / G, h = kvh * G + r % G;
+      src = a.q + t * a.q_token_stride + h * a.q_head_stride;
+    }
+    float4 x[kQv];
+    float mx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kQv; ++j) {
+      const int f = lane + 32 * j;
+      x[j] = src != nullptr && f < HD / 4 ? load4(src + 4 * f, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      mx = fmaxf(mx, abs_max(x[j]));
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float inv = f16_row_inverse_scale(mx);
+#pragma unroll
+    for (int j = 0; j < kQv; ++j) {
+      const int f = lane + 32 * j;  // float4 f: halves 4f..4f+3, the low or high half of chunk f / 2
+      if (f < HD / 4) store_f16(Qs + swz<HD>(r, f >> 1) + 4 * (f & 1), x[j], inv);
+    }
+    if (lane == 0) q_scale[r] = 1.0f / inv;
+  }
+  __syncthreads();
+
+  // Lane (g, t4) holds rows rb + g (accumulator elements 0, 1) and rb + g + 8 (elements 2, 3).
+  const int lo0 = row_lo[rb + g], hi0 = row_hi[rb + g], lo1 = row_lo[rb + g + 8], hi1 = row_hi[rb + g + 8];
+  // Score factors: scale · s_q · log2(e), so that exp2 of a score difference is e^(difference).
+  const float fq0 = a.scale * kLog2e * q_scale[rb + g], fq1 = a.scale * kLog2e * q_scale[rb + g + 8];
+  const int mat = lane >> 3, mrow = lane & 7;  // ldmatrix: this lane's matrix and row
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // m in log2 units; l per lane
+  float o[NO][4] = {};
+  float sv = 1.0f;  // O is held in units of this V scale
+
+  for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
+    cp_async_wait_all();
+    // Tile kt is visible to every thread, and the other buffer (tile kt−1's) is consumed.
+    __syncthreads();
+    const int64_t tb = tile_of(kt);
+    const float2 sc = sc_next;
+    const int buf = static_cast<int>((kt - kt_begin) & 1);
+    if (kt + 1 < kt_end) sc_next = stage(tile_of(kt + 1), buf ^ 1);
+    const __half* Kt = Ks + buf * Lay::kTile;
+    const __half* Vt = Vs + buf * Lay::kTile;
+
+    // ---- S = Q·Kᵀ: 16 rows × 32 keys per warp ----
+    float sacc[2][NS][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < NK; ++kk) {
+      uint32_t qa[4];
+      ldmatrix_x4(qa, Qs + swz<HD>(rb + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+      for (int np = 0; np < NS / 2; ++np) {
+        // Matrices: keys 16np.. (dims low, high), keys 16np + 8.. (dims low, high).
+        uint32_t kb[4];
+        ldmatrix_x4(kb, Kt + swz<HD>(16 * np + mrow + 8 * (mat >> 1), 2 * kk + (mat & 1)));
+        mma_f16(sacc[kk & 1][2 * np], qa, kb[0], kb[1]);
+        mma_f16(sacc[kk & 1][2 * np + 1], qa, kb[2], kb[3]);
+      }
+    }
+
+    // ---- masking and the online softmax (log2 units) ----
+    const float f0 = fq0 * sc.x, f1 = fq1 * sc.x;
+    const int64_t d0 = tb * kKeys - Ls;  // the tile's first key relative to the pass's first key
+    float sc2[NS][4], mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool second = e >= 2;
+        const int lo = second ? lo1 : lo0, hi = second ? hi1 : hi0;
+        const int64_t d = d0 + 8 * j + 2 * t4 + (e & 1);
+        const bool visible = lo <= hi && (d < 0 || (d >= lo && d <= hi));
+        sc2[j][e] = visible ? (sacc[0][j][e] + sacc[1][j][e]) * (second ? f1 : f0) : -INFINITY;
+      }
+      mx0 = fmaxf(mx0, fmaxf(sc2[j][0], sc2[j][1]));
+      mx1 = fmaxf(mx1, fmaxf(sc2[j][2], sc2[j][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m_run[0], mx0), mn1 = fmaxf(m_run[1], mx1);
+    // A row with no visible key so far keeps m = −inf: its p and rescale must not become NaN.
+    const bool none0 = mn0 == -INFINITY, none1 = mn1 == -INFINITY;
+    const float al0 = none0 ? 1.0f : exp2f(m_run[0] - mn0), al1 = none1 ? 1.0f : exp2f(m_run[1] - mn1);
+    // P's A fragments for the tile's two k-steps of 16 keys: score tiles 2kk and 2kk + 1.
+    uint32_t pa[kKeys / 16][4];
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      const uint32_t r0 = none0 ? 0u : pack_f16x2(exp2f(sc2[j][0] - mn0), exp2f(sc2[j][1] - mn0));
+      const uint32_t r1 = none1 ? 0u : pack_f16x2(exp2f(sc2[j][2] - mn1), exp2f(sc2[j][3] - mn1));
+      pa[j >> 1][2 * (j & 1)] = r0;
+      pa[j >> 1][2 * (j & 1) + 1] = r1;
+      sum0 += sum_f16x2(r0);
+      sum1 += sum_f16x2(r1);
+    }
+    l_run[0] = l_run[0] * al0 + sum0;
+    l_run[1] = l_run[1] * al1 + sum1;
+    m_run[0] = mn0;
+    m_run[1] = mn1;
+
+    // ---- O = diag(α) O + P·V, O in units of this tile's s_v ----
+    const float ratio = sv / sc.y, r0 = al0 * ratio, r1 = al1 * ratio;
+    sv = sc.y;
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+      o[j][0] *= r0;
+      o[j][1] *= r0;
+      o[j][2] *= r1;
+      o[j][3] *= r1;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < NO / 2; ++np) {
+        // Matrices (transposed): keys 16kk.., 16kk + 8.. of dims 16np.., then of dims 16np + 8...
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, Vt + swz<HD>(16 * kk + mrow + 8 * (mat & 1), 2 * np + (mat >> 1)));
+        mma_f16(o[2 * np], pa[kk], vb[0], vb[1]);
+        mma_f16(o[2 * np + 1], pa[kk], vb[2], vb[3]);
+      }
+    }
+  }
+
+  float l[2] = {l_run[0], l_run[1]};
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+  }
+  // Lane (g, t4) holds columns 8j + 2t4 (+1) of rows rb + g (o[j][0..1]) and rb + g + 8 (o[j][2..3]).
+  if (part_o != nullptr) {
+    // A partial result: unnormalised rows and their (max, sum), m in natural units as the combine
+    // kernel expects.
+    const int64_t split_base = static_cast<int64_t>(split) * a.n_tokens * a.H;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = rb + g + 8 * half;
+      if (row >= n_rows) continue;
+      const int64_t t = q0 + row / G, h = kvh * G + row % G;
+      if (t4 == 0) part_ml[split_base + t * a.H + h] = make_float2(m_run[half] * kLn2, l[half]);
+      float* dst = part_o + (split_base + t * a.H + h) * HD + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < NO; ++j) store2(dst + 8 * j, o[j][2 * half] * sv, o[j][2 * half + 1] * sv, true);
+    }
+    return;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = rb + g + 8 * half;
+    if (row >= n_rows) continue;
+    const float f = sv / l[half];  // l > 0: a valid row always sees its own token
+    const int64_t t = q0 + row / G, h = kvh * G + row % G;
+    float* dst = a.out + t * a.out_token_stride + h * a.out_head_stride + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < NO; ++j) store2(dst + 8 * j, o[j][2 * half] * f, o[j][2 * half + 1] * f, vec);
+  }
+}
 
 int query_tiles(const AttentionArgs& a) {
   const int tokens_per_tile = kRows / (a.H / a.Hkv);
@@ -481,7 +843,7 @@ int attention_split_count(const AttentionArgs& a) {
   }
   const int64_t base = static_cast<int64_t>(query_tiles(a)) * a.Hkv;
   if (base >= 2 * static_cast<int64_t>(sms)) return 1;
-  const int64_t resident = static_cast<int64_t>(sms) * blocks_per_sm(a.hd);
+  const int64_t resident = static_cast<int64_t>(sms) * (a.f16 ? f16_blocks_per_sm(a.hd) : blocks_per_sm(a.hd));
   // The most key tiles any block can visit: all prefix tiles and, within the pass, up to n_tokens keys.
   const int64_t max_tiles = (a.prefix_len + kKeys - 1) / kKeys + (a.n_tokens + kKeys - 1) / kKeys + 1;
   const int64_t most = max_tiles / 2 < kMaxSplits ? max_tiles / 2 : kMaxSplits;
@@ -527,6 +889,44 @@ cudaError_t launch_hd(const AttentionArgs& a, void* workspace, cudaStream_t stre
   return cudaGetLastError();
 }
 
+template <int HD>
+cudaError_t launch_f16_hd(const AttentionArgs& a, void* workspace, cudaStream_t stream) {
+  constexpr size_t bytes = F16Layout<HD>::kBytes;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      attention_f16_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (attr != cudaSuccess) return attr;
+  if (workspace == nullptr) return cudaErrorInvalidValue;
+  const F16Copies copies = f16_copies(a);
+  __half* kh = static_cast<__half*>(workspace);
+  __half* vh = kh + copies.kv_halves;
+  float2* scales = reinterpret_cast<float2*>(vh + copies.kv_halves);
+  const bool kv_vec = aligned16(a.k) && aligned16(a.v) &&
+                      (a.prefix_len == 0 || (aligned16(a.prefix_k) && aligned16(a.prefix_v))) &&
+                      a.kv_token_stride % 4 == 0 && a.kv_head_stride % 4 == 0;
+  attention_keys_f16_kernel<HD><<<dim3(static_cast<unsigned>(copies.tiles), a.Hkv), kConvertThreads, 0, stream>>>(
+      a, kv_vec, kh, vh, scales);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int G = a.H / a.Hkv, tokens_per_tile = kRows / G;
+  const bool vec = aligned16(a.q) && aligned16(a.out) && a.q_token_stride % 4 == 0 && a.q_head_stride % 4 == 0 &&
+                   a.out_token_stride % 4 == 0 && a.out_head_stride % 4 == 0;
+  const int splits = a.splits;
+  const dim3 grid(query_tiles(a), a.Hkv, splits);
+  float* part_o = nullptr;
+  float2* part_ml = nullptr;
+  if (splits > 1) {
+    part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + copies.bytes);
+    part_ml = reinterpret_cast<float2*>(part_o + static_cast<int64_t>(splits) * a.n_tokens * a.H * HD);
+  }
+  attention_f16_kernel<HD><<<grid, kThreadsF16, bytes, stream>>>(a, kh, vh, scales, tokens_per_tile, vec, part_o,
+                                                                  part_ml);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || splits == 1) return err;
+  const unsigned pairs = static_cast<unsigned>(static_cast<int64_t>(a.n_tokens) * a.H);
+  attention_combine_kernel<<<pairs, kCombineThreads, 0, stream>>>(a, part_o, part_ml, splits);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 bool attention_supported(int H, int Hkv, int hd) {
@@ -535,9 +935,11 @@ bool attention_supported(int H, int Hkv, int hd) {
 }
 
 size_t attention_workspace_bytes(const AttentionArgs& a) {
-  if (!attention_supported(a.H, a.Hkv, a.hd) || a.splits <= 1 || a.n_tokens <= 0) return 0;
-  return static_cast<size_t>(a.splits) * static_cast<size_t>(a.n_tokens) * static_cast<size_t>(a.H) *
-         static_cast<size_t>(a.hd + 2) * sizeof(float);
+  if (!attention_supported(a.H, a.Hkv, a.hd) || a.n_tokens <= 0) return 0;
+  const size_t partials = a.splits <= 1 ? 0
+                                        : static_cast<size_t>(a.splits) * static_cast<size_t>(a.n_tokens) *
+                                              static_cast<size_t>(a.H) * static_cast<size_t>(a.hd + 2) * sizeof(float);
+  return (a.f16 ? f16_copies(a).bytes : 0) + partials;
 }
 
 cudaError_t launch_attention(const AttentionArgs& a, void* workspace, cudaStream_t stream) {
@@ -549,11 +951,11 @@ cudaError_t launch_attention(const AttentionArgs& a, void* workspace, cudaStream
   if (a.n_tokens == 0) return cudaSuccess;
   switch (a.hd) {
     case 64:
-      return launch_hd<64>(a, workspace, stream);
+      return a.f16 ? launch_f16_hd<64>(a, workspace, stream) : launch_hd<64>(a, workspace, stream);
     case 128:
-      return launch_hd<128>(a, workspace, stream);
+      return a.f16 ? launch_f16_hd<128>(a, workspace, stream) : launch_hd<128>(a, workspace, stream);
     default:
-      return launch_hd<256>(a, workspace, stream);
+      return a.f16 ? launch_f16_hd<256>(a, workspace, stream) : launch_hd<256>(a, workspace, stream);
   }
 }
 

@@ -27,13 +27,17 @@ struct AttentionArgs {
   int n_seqs = 0, n_tokens = 0, H = 0, Hkv = 0, hd = 0;
   float scale = 1.0f;
   int splits = 1;  // key splits per query tile: attention_split_count(), chosen when the op is recorded
+  // The products on FP16 tensor cores (operands rounded to FP16 under power-of-two scales; softmax and
+  // accumulation FP32) instead of 3xTF32; attention.cu gives the error of each.
+  bool f16 = false;
 };
 
 // The key splits for these shapes on the current device (1..16; see attention.cu). Depends only on
-// n_tokens, H, Hkv, hd, prefix_len and the device's SM count.
+// n_tokens, H, Hkv, hd, prefix_len, f16 and the device's SM count.
 int attention_split_count(const AttentionArgs& a);
 
-// Scratch bytes (may be 0) for a.splits; depends only on shapes, n_tokens and a.splits.
+// Scratch bytes (may be 0) for a.splits and a.f16; depends only on shapes, n_tokens, prefix_len,
+// a.splits and a.f16.
 size_t attention_workspace_bytes(const AttentionArgs& a);
 
 // Enqueues the kernel(s) on `stream`; launch configuration depends only on shapes, n_tokens, n_seqs and
@@ -45,7 +49,8 @@ cudaError_t launch_attention(const AttentionArgs& a, void* workspace, cudaStream
 // pointers when prefix_len > 0 (cudaErrorInvalidValue otherwise); n_tokens == 0 launches nothing.
 // The kernel applies `scale` itself (q unscaled). Any strides and alignment are accepted (float4
 // accesses when aligned). The workspace (attention_workspace_bytes, 16-byte aligned) holds the key
-// splits' partial rows; it is 0 bytes when the pass fills the GPU without splitting.
+// splits' partial rows and, with f16, the FP16 copies of the keys and values; it is 0 bytes for the
+// 3xTF32 products when the pass fills the GPU without splitting.
 bool attention_supported(int H, int Hkv, int hd);
 
 }  // namespace kev::cuda

@@ -235,7 +235,8 @@ class CudaBackend final : public Backend {
     device_text_ = cat(prop.name, " (sm_", prop.major, prop.minor, ", ",
                        std::round(static_cast<double>(prop.totalGlobalMem) / double(1ull << 30) * 10) / 10,
                        " GiB), CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", cuBLASLt ",
-                       gemm_.cublaslt_version(), options_.cuda_graphs ? ", graphs" : ", no graphs");
+                       gemm_.cublaslt_version(), options_.cuda_graphs ? ", graphs" : ", no graphs",
+                       options_.cuda_attention_f16 ? ", FP16 attention" : "");
     return Status::success();
   }
 
@@ -1010,15 +1011,16 @@ Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
   a.Hkv = static_cast<int>(Hkv);
   a.hd = static_cast<int>(hd);
   a.scale = scale;
+  a.f16 = options_.cuda_attention_f16;
   a.splits = cuda::attention_split_count(a);
   KEV_ASSIGN_OR_RETURN(char* ws, recorder_->scratch(cuda::attention_workspace_bytes(a)));
-  sig.word(scale, layout.n_seqs(), use_prefix, a.splits);
+  sig.word(scale, layout.n_seqs(), use_prefix, a.splits, a.f16);
   sig.ptr(offsets, ws);
   recorder_->record(kOp, sig, [=](cudaStream_t s) -> Status {
     KEV_TRY(Restage::run(restage.before, s));
     return launched(cuda::launch_attention(a, ws, s), kOp);
   }, trace_label([&] {
-    return cat(kOp, " n=", a.n_tokens, " seqs=", a.n_seqs, " prefix=", a.prefix_len,
+    return cat(kOp, a.f16 ? " f16" : "", " n=", a.n_tokens, " seqs=", a.n_seqs, " prefix=", a.prefix_len,
                restage.before.empty() ? "" : " restaged");
   }));
   return Status::success();

@@ -1,6 +1,6 @@
 // Tensor-core building blocks shared by the CUDA kernels that multiply FP32 operands at FP32
-// accuracy (attention, the gated delta rule): cp.async staging, the 3xTF32 split and the
-// mma.sync.m16n8k8 TF32 product with its fragment loads (sm_80+).
+// accuracy (attention, the gated delta rule): cp.async staging (also attention's FP16 tiles), the
+// 3xTF32 split and the mma.sync.m16n8k8 TF32 product with its fragment loads (sm_80+).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,7 +12,7 @@ namespace kev::cuda {
 // Asynchronous global → shared copies of N = 16 or 4 bytes; fill = false writes zeros and reads
 // nothing (src must still be a valid address).
 template <int N>
-__device__ __forceinline__ void cp_async(float* dst, const float* src, bool fill) {
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool fill) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   if constexpr (N == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(fill ? 16 : 0) : "memory");

@@ -48,40 +48,48 @@
 // then scaled by each of the Hv/Hk value heads' decays (and β) in turn; for M, 64 threads then invert
 // the diagonal blocks (I + M_bb, unit lower triangular; thread (b, col) solves for column col by
 // forward substitution in double, off the sequential path), and T_b takes M_bb's place. They go to the
-// workspace, [max_chunks, Hv, 2, C, C] floats (P, then M with T_b on its diagonal; blocks above the
-// diagonal written as zero). Sequence r's chunks are numbered from r + offsets[r] / C (O(1) to find,
-// never overlapping, at most one unused index per sequence), so max_chunks = n_seqs + n_tokens / C;
-// a block finds its sequence by a binary search and returns when its index is unused. Q and K rows
-// arrive by cp.async (all copies in flight at once). Shared memory: Q, K and Γ, 66.5 KiB at dk = 128.
+// workspace, [max_chunks, Hv, 2, C, C] floats (P, then M with T_b on its diagonal); only the rows
+// < cn of the 10 lower 16×16 blocks are written, the only part the recurrence reads. Sequence r's
+// chunks are numbered from r + offsets[r] / C (O(1) to find, never overlapping, at most one unused
+// index per sequence), so max_chunks = n_seqs + n_tokens / C; a block finds its sequence by a binary
+// search and returns when its index is unused. Q and K rows arrive by cp.async (all copies in flight
+// at once), the value heads' g and β one head ahead (the first during those copies). Shared memory: Q,
+// K and Γ, 66.5 KiB at dk = 128.
 // (2) gdn_chunked_kernel, the recurrence. Column j of S evolves using only column j of S and v (q, k,
 // g, β are shared), so the dv columns are split into slices of 32 (masked past dv): grid
 // (ceil(dv/32), Hv, n_seqs), 256 threads, one block walking its sequence's chunks in order with its
-// [dk, 32] state slice in registers as m16n8 accumulator tiles (warp w: dk/32 tiles of one 16-row band)
-// and an FP32 shared copy for [Q;K]·S₀. The 4B model (Hv = 32, dv = 128) gives 128 blocks for one
-// sequence, the 0.8B (Hv = 16) 64. Each block reads its q/k/v/g/β rows once and writes its out columns
-// once. Per chunk: load (Q, K, V slice, g, β; Γ by a warp scan in double) | P and M from the workspace
-// into registers; [Q;K]·S₀ (warp w: rows 16·(w%4).. of Q and of K, columns 16·(w/4)..; R written over
-// V, γQS₀ kept in registers) | store P and M over the dead Q | blocked substitution (warp w < 4 owns
-// the n8 column tile 8w.., which depends on no other column, so it needs only warp-level syncs; Y_b
-// and Δ_b overwrite R in place; warps 4..7 wait at the barrier) | O = γQS₀ + PΔ on the same tiles,
-// written to out; state update on the state tiles, S₀ copy rewritten. Shared memory (rows padded so
-// that fragment reads hit 32 banks: Q, K, P, M by 4 floats, S₀ and V/R/Δ by 8): 98.25 KiB at
-// dk = 128 (72.25 at 64, 59.25 at 32), within the 99 KiB per-block limit of sm_86/sm_89. Registers:
-// the kernel fetches the next chunk's q/k/v rows during the current one, compiled for one block per
-// SM (up to 255 registers); when every sequence fits one chunk (GdnArgs::short_seqs, a pass of
-// question rows), there is nothing to fetch ahead, and a variant loading at the chunk's start is
-// compiled for two blocks per SM (128 registers, some spilled), so the many blocks of such a pass
-// (4B, 6 rows: 768) run in half the waves. Both grids depend only on dv, Hk, Hv, n_tokens and
-// n_seqs, never on the offsets' values (CUDA graph replay); the variant is part of the recorded
-// command's signature. A short chunk (cn < 64: a Kev row of ~40 tokens is one) skips the 16-row
-// tiles of M, P, [Q;K]·S₀ and PΔ, the k-steps and the substitution blocks that lie wholly in the zero
-// padding, whose results are exactly zero (in a partly padded block, the padded rows of M are zero and
-// those of T_b are rows of I, so Δ stays zero there).
+// [dk, 32] state slice in an FP32 shared copy, the B operand of [Q;K]·S₀, which the state update
+// rewrites in place (each thread the elements of its m16n8 accumulator tiles; warp w: dk/32 tiles of
+// one 16-row band). The 4B model (Hv = 32, dv = 128) gives 128 blocks for one sequence, the 0.8B
+// (Hv = 16) 64. Each block reads its q/k/v/g/β rows once and writes its out columns once. Per chunk:
+// load (Q, K, V slice, g, β; Γ by a warp scan in double) | P and M from the workspace into registers
+// (only what the products kernel writes: 5 float4 a thread); [Q;K]·S₀ (warp w: rows 16·(w%4).. of Q
+// and of K, columns 16·(w/4)..; R written over V, γQS₀ kept in registers) | P and M stored over the
+// dead Q | blocked substitution (warp w < 4 owns the n8 column tile 8w.., which depends on no other
+// column, so it needs only warp-level syncs; Y_b and Δ_b overwrite R in place; warps 4..7 wait at the
+// barrier) | O = γQS₀ + PΔ on the same tiles, written to out; state update. Shared memory (rows padded
+// so that fragment reads hit 32 banks: Q, K, P, M by 4 floats, S₀ and V/R/Δ by 8): 98.25 KiB at
+// dk = 128 (72.25 at 64, 59.25 at 32), within the 99 KiB per-block limit of sm_86/sm_89. Two variants.
+// A pass with a long sequence fetches the next chunk's q/k/v rows into registers during the current
+// chunk, compiled for one block per SM (up to 255 registers). When every sequence fits one chunk
+// (GdnArgs::short_seqs, a pass of question rows) there is nothing to fetch ahead: the block's state
+// slice and its one chunk of q, k and v are copied by cp.async at its start, all in flight at once
+// and holding no registers, and the kernel is compiled for two blocks per SM (128 registers, 60 bytes
+// spilled at dk = 128), so the many blocks of such a pass (4B, 6 rows: 768) run in half the waves. On
+// sm_90 such a short pass's recurrence is the products kernel's programmatic dependent launch: its
+// blocks start as SMs free up and stage their loads while the products kernel finishes, waiting for
+// it (griddepcontrol.wait) only before reading P and M. (A long pass is launched plainly: the
+// dependent launch timed slower there, 4B 2,187 tokens 359 against 350 µs.) Both grids depend only on
+// dv, Hk, Hv, n_tokens and n_seqs, never on the offsets' values (CUDA graph replay); the variant is
+// part of the recorded command's signature. A short chunk (cn < 64: a Kev row of ~40 tokens is one)
+// skips the 16-row tiles of M, P, [Q;K]·S₀ and PΔ, the k-steps and the substitution blocks that lie
+// wholly in the zero padding, whose results are exactly zero: the rows past cn of a partly used block
+// of P and M are loaded as zeros, so Y and Δ stay zero there.
 // Dtypes: FP32 in, out and state; products 3xTF32 with FP32 accumulation; double only for Γ and T_b.
 // Preconditions (gated_delta_rule_supported): dk ∈ {32, 64, 128}, dv >= 1, Hk >= 1 divides Hv,
 // Hv <= 65535; at launch also 1 <= n_seqs <= 65535 and state_out only with n_seqs == 1; sm_80 or
-// newer (TF32 mma, cp.async). Global accesses are 16-byte (out: 8-byte) when q/k/v/out are 16-byte
-// aligned, their row strides multiples of 4 and dv % 4 == 0, scalar otherwise.
+// newer (TF32 mma, cp.async). Global accesses are 16-byte (out: 8-byte) when q/k/v/out and state_in
+// are 16-byte aligned, their row strides multiples of 4 and dv % 4 == 0, scalar otherwise.
 #include "backend/cuda/gated_delta_rule.cuh"
 
 #include <cuda_runtime.h>
@@ -149,6 +157,20 @@ struct GdnLayout {
 };
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// Programmatic dependent launch (sm_90; the launcher uses it for short passes): the products kernel
+// lets the recurrence kernel start at once, and the recurrence waits here, before its first read of the
+// products, for the products kernel to finish (memory included). Without it both are no-ops.
+__device__ __forceinline__ void release_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_products() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 // g and β of chunk rows lane and lane + 32 of value head h (zero past the sequence end): gate[0..1] = g,
 // gate[2..3] = β. Called by one warp.
@@ -241,6 +263,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
   float* bet = base + Lay::kBeta;
   // K Kᵀ blocks (z = 1) load no Q: its space holds the diagonal blocks M_bb (16×16 each) while they are inverted.
   float* Mdiag = Qs;
+  release_dependents();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int c = blockIdx.x, kh = blockIdx.y;
   const bool isP = blockIdx.z == 0;
@@ -269,6 +292,9 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
     }
   }
   cp_async_commit();
+  // Warp 0 fetches each value head's g and β one head ahead, the first while Q and K arrive.
+  float gate[4];
+  if (warp == 0) fetch_gates(a, kh * group, t0, end, lane, gate);
   cp_async_wait_all();
   __syncthreads();
 
@@ -305,9 +331,8 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
     const int h = kh * group + hh;
     __syncthreads();  // the previous head's readers of Γ and β are done
     if (warp == 0) {
-      float gate[4];
-      fetch_gates(a, h, t0, end, lane, gate);
       scan_gates(gate, lane, Gam, nullptr, bet);
+      if (hh + 1 < group) fetch_gates(a, h + 1, t0, end, lane, gate);
     }
     __syncthreads();
     float* dst = products + (static_cast<int64_t>(c) * a.Hv + h) * 2 * kChunk * kChunk + (isP ? 0 : kChunk * kChunk);
@@ -333,25 +358,23 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
         if (!isP && bi == bj) {  // M_bb: inverted below
           *reinterpret_cast<float2*>(Mdiag + bi * kDiagPitch + (g + 8 * half) * 16 + j - 16 * bj) =
               make_float2(val[0], val[1]);
-        } else {
+        } else if (i < cn) {
           *reinterpret_cast<float2*>(dst + i * kChunk + j) = make_float2(val[0], val[1]);
         }
       }
     }
-    for (int idx = tid; idx < kChunk * kChunk; idx += kThreads) {
-      const int i = idx / kChunk, j = idx % kChunk;
-      if (j / 16 > i / 16) dst[idx] = 0.0f;
-    }
     if (!isP) {
       // T_b = (I + M_bb)⁻¹, unit lower triangular, into M's diagonal block b: thread (b, col) solves
-      // (I + M_bb) x = e_col by forward substitution in double (x_i = 0 above col comes out by itself).
+      // (I + M_bb) x = e_col by forward substitution in double (x_i = 0 above col comes out by itself);
+      // row i needs only rows before it, so the solve stops at the chunk's end.
       __syncthreads();
-      if (tid < 4 * 16) {
+      if (tid < 4 * 16 && 16 * (tid >> 4) < cn) {
         const int b = tid >> 4, col = tid & 15;
         const float* mb = Mdiag + b * kDiagPitch;
         double x[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
+          if (16 * b + i >= cn) break;
           double xi = i == col ? 1.0 : 0.0;
 #pragma unroll
           for (int m = 0; m < i; ++m) xi -= static_cast<double>(mb[i * 16 + m]) * x[m];
@@ -363,9 +386,94 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
   }
 }
 
-// kAhead: fetch the next chunk's q/k/v into registers during this one (a long sequence); without it
-// (every sequence one chunk, GdnArgs::short_seqs) they are loaded at the chunk's start, which frees
-// those registers for two resident blocks per SM.
+// Rows [0, kRows) × columns [0, kCols) of a row-major global tile (row stride ld) into shared memory
+// (row pitch ldd) by cp.async, not waited for: element (i, j) is copied when i < live_rows and
+// j < live_cols and written as zero otherwise. vec: 16-byte copies (src rows 16-byte aligned,
+// live_cols % 4 == 0); else 4-byte ones. src must be a valid address even when nothing is live.
+template <int kRows, int kCols>
+__device__ __forceinline__ void stage_tile(float* dst, int ldd, const float* src, int64_t ld, int live_rows,
+                                           int live_cols, bool vec, int tid) {
+  if (vec) {
+#pragma unroll
+    for (int idx = tid; idx < kRows * kCols / 4; idx += kThreads) {
+      const int i = idx / (kCols / 4), j = 4 * (idx % (kCols / 4));
+      const bool live = i < live_rows && j < live_cols;
+      cp_async<16>(dst + i * ldd + j, live ? src + i * ld + j : src, live);
+    }
+  } else {
+    for (int idx = tid; idx < kRows * kCols; idx += kThreads) {
+      const int i = idx / kCols, j = idx % kCols;
+      const bool live = i < live_rows && j < live_cols;
+      cp_async<4>(dst + i * ldd + j, live ? src + i * ld + j : src, live);
+    }
+  }
+}
+
+// x[0] += Q S₀, x[1] += K S₀ on one warp's tiles: rows mrow.. (16) of Q and K times columns ncol.. (two
+// n8 tiles) of the S₀ copy, 3xTF32, the big accumulators flushed into x every kRun dimensions. Each B
+// fragment is read and split once for both matrices, and the warp keeps twelve independent
+// accumulators in flight. (Q S₀ and K S₀ one after the other, P and M arriving by cp.async between
+// them in place of the registers below, spilled nothing but timed slower: H200, 6 × 37 rows, 4B 49.9
+// against 48.2 µs, 0.8B 32.2 against 29.4.)
+template <int DK>
+__device__ __forceinline__ void times_state(const float* Qs, const float* Ks, const float* Ss, int mrow, int ncol,
+                                            int g, int t, float (&x)[2][2][4]) {
+  constexpr int LQK = GdnLayout<DK>::kLdQK, LS = GdnLayout<DK>::kLdS;
+  float lh[2][2][4] = {}, hl[2][2][4] = {};
+#pragma unroll
+  for (int kb = 0; kb < DK; kb += kRun) {
+    float big[2][2][4] = {};
+#pragma unroll
+    for (int k0 = kb; k0 < kb + kRun && k0 < DK; k0 += 8) {
+      uint32_t ah[2][4], al[2][4];
+      load_a(Qs + mrow * LQK + k0, LQK, g, t, ah[0], al[0]);
+      load_a(Ks + mrow * LQK + k0, LQK, g, t, ah[1], al[1]);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        uint32_t bh[2], bl[2];
+        load_b(Ss + (k0 + t) * LS + ncol + 8 * n + g, 4 * LS, bh, bl);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_3xtf32(big[m][n], lh[m][n], hl[m][n], ah[m], al[m], bh, bl);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[m][n][e] += big[m][n][e];
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[m][n][e] += lh[m][n][e] + hl[m][n][e];
+    }
+  }
+}
+
+// The chunk's P and M as the recurrence reads them: the rows < cn of their 10 lower 16×16 blocks (what
+// the products kernel writes; rows past cn are zero). Float4 u of thread tid: matrix, block, row and
+// 4-column group of index tid + u·kThreads over the 2 × 10 × 16 × 4 float4s.
+constexpr int kMP4 = 2 * 10 * 16 * 4 / kThreads;
+static_assert(kMP4 * kThreads == 2 * 10 * 16 * 4, "the lower blocks' float4s split evenly over the threads");
+
+struct MpSlot {
+  int mat, i, j;  // matrix (0: P, 1: M), row, column
+};
+__device__ __forceinline__ MpSlot mp_slot(int tid, int u) {
+  const int idx = tid + u * kThreads, rem = idx % 640, blk = rem / 64;
+  const int bi = blk < 1 ? 0 : blk < 3 ? 1 : blk < 6 ? 2 : 3, bj = blk - bi * (bi + 1) / 2;
+  return {idx / 640, 16 * bi + (rem % 64) / 4, 16 * bj + 4 * (rem % 4)};
+}
+
+// kAhead: a long sequence: the next chunk's q/k/v are fetched into registers during this one, and
+// the kernel is compiled for one block per SM (up to 255 registers). Without it (every sequence one
+// chunk, GdnArgs::short_seqs) the chunk's q/k/v are copied by cp.async together with the state, and
+// two blocks share an SM.
 template <int DK, bool kAhead>
 __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(GdnArgs a, bool vec,
                                                                                const float* products) {
@@ -392,32 +500,34 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   const int begin = a.offsets[r], end = a.offsets[r + 1];
   const int chunk0 = first_chunk(a.offsets, r);
 
-  // The state slice lives in registers as m16n8 accumulator tiles: warp w owns tiles w·TPW.. of the
-  // 16-row band sm0, columns 8·(sn0 + u); element e of tile u is row sm0 + g + 8·(e / 2), column
-  // 8·(sn0 + u) + 2t + e % 2.
+  // The state slice lives in the FP32 shared copy Ss (the operand of [Q;K]·S₀; the state update
+  // rewrites it in place, each thread the elements of its m16n8 accumulator tiles: warp w owns tiles
+  // w·TPW.. of the 16-row band sm0, columns 8·(sn0 + u); element e of tile u is row sm0 + g + 8·(e / 2),
+  // column 8·(sn0 + u) + 2t + e % 2). It arrives by cp.async; in a short pass so do the sequence's one
+  // chunk of q, k and the v slice (zero past the sequence end), so that all of the block's loads are in
+  // flight at once and hold no registers.
   const int sm0 = 16 * (warp * TPW / 4), sn0 = warp * TPW % 4;
   const int64_t state_base = static_cast<int64_t>(h) * DK * dv;
-  // All loads first, then the copy's stores: interleaved, each load would wait for the store before it.
-  float s[TPW][4];
-#pragma unroll
-  for (int u = 0; u < TPW; ++u) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = sm0 + g + 8 * (e >> 1), col = 8 * (sn0 + u) + 2 * t + (e & 1);
-      s[u][e] = (a.state_in != nullptr && c0 + col < dv) ? a.state_in[state_base + row * dv + c0 + col] : 0.0f;
+  stage_tile<DK, kSlice>(Ss, LS, a.state_in != nullptr ? a.state_in + state_base + c0 : a.v, dv,
+                         a.state_in != nullptr ? DK : 0, dv - c0, vec, tid);
+  if constexpr (!kAhead) {
+    if (begin < end) {
+      const int cn = min(kChunk, end - begin);
+      const int64_t qk0 = static_cast<int64_t>(begin) * a.qk_token_stride + static_cast<int64_t>(kh) * DK;
+      stage_tile<kChunk, DK>(Qs, LQK, a.q + qk0, a.qk_token_stride, cn, DK, vec, tid);
+      stage_tile<kChunk, DK>(Ks, LQK, a.k + qk0, a.qk_token_stride, cn, DK, vec, tid);
+      stage_tile<kChunk, kSlice>(Rs, LV, a.v + static_cast<int64_t>(begin) * a.v_token_stride + static_cast<int64_t>(h) * dv + c0,
+                                 a.v_token_stride, cn, dv - c0, vec, tid);
     }
   }
-#pragma unroll
-  for (int u = 0; u < TPW; ++u) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) Ss[(sm0 + g + 8 * (e >> 1)) * LS + 8 * (sn0 + u) + 2 * t + (e & 1)] = s[u][e];
-  }
+  cp_async_commit();
   bool state_zero = a.state_in == nullptr;  // S₀ == 0 exactly: skip the S₀ products
 
-  // Vector path: a chunk's q/k/v rows are fetched into registers one chunk ahead (issued before the
-  // substitution, stored at the next chunk's start), so their latency overlaps the substitution and
-  // the output / state phases. Rows past the sequence end are zero. (The scalar path loads in place.)
-  constexpr int kQK4 = kChunk * DK / 4 / kThreads, kV4 = kChunk * kSlice / 4 / kThreads;
+  // Long sequences, vector path: a chunk's q/k/v rows are fetched into registers one chunk ahead
+  // (issued before the substitution, stored at the next chunk's start), so their latency overlaps the
+  // substitution and the output / state phases. Rows past the sequence end are zero. (The scalar path
+  // loads in place.)
+  constexpr int kQK4 = kAhead ? kChunk * DK / 4 / kThreads : 1, kV4 = kAhead ? kChunk * kSlice / 4 / kThreads : 1;
   float4 qr[kQK4], kr[kQK4], vr[kV4];
   auto fetch = [&](int tf) {
     const int cf = min(kChunk, end - tf);
@@ -444,7 +554,9 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   // Warp 0 fetches g and β the same way, a chunk ahead (both paths).
   float gate[4];
   if (begin < end) {
-    if (vec && kAhead) fetch(begin);
+    if constexpr (kAhead) {
+      if (vec) fetch(begin);
+    }
     if (warp == 0) fetch_gates(a, h, begin, end, lane, gate);
   }
 
@@ -457,90 +569,66 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
     __syncthreads();  // the previous chunk's readers of K, Δ and P are done
 
     // ---- load the chunk (zero padded to kChunk rows) ----
-    if (vec) {
-      if constexpr (!kAhead) fetch(t0);
+    if constexpr (kAhead) {
+      if (vec) {
 #pragma unroll
-      for (int u = 0; u < kQK4; ++u) {
-        const int idx = tid + u * kThreads, i = idx / (DK / 4), d = 4 * (idx % (DK / 4));
-        *reinterpret_cast<float4*>(Qs + i * LQK + d) = qr[u];
-        *reinterpret_cast<float4*>(Ks + i * LQK + d) = kr[u];
-      }
+        for (int u = 0; u < kQK4; ++u) {
+          const int idx = tid + u * kThreads, i = idx / (DK / 4), d = 4 * (idx % (DK / 4));
+          *reinterpret_cast<float4*>(Qs + i * LQK + d) = qr[u];
+          *reinterpret_cast<float4*>(Ks + i * LQK + d) = kr[u];
+        }
 #pragma unroll
-      for (int u = 0; u < kV4; ++u) {
-        const int idx = tid + u * kThreads, i = idx / (kSlice / 4), c = 4 * (idx % (kSlice / 4));
-        *reinterpret_cast<float4*>(Rs + i * LV + c) = vr[u];
-      }
-    } else {
-      for (int idx = tid; idx < kChunk * DK; idx += kThreads) {
-        const int i = idx / DK, d = idx % DK;
-        float qv = 0.0f, kv = 0.0f;
-        if (i < cn) {
-          const int64_t off = static_cast<int64_t>(t0 + i) * a.qk_token_stride + static_cast<int64_t>(kh) * DK + d;
-          qv = a.q[off];
-          kv = a.k[off];
+        for (int u = 0; u < kV4; ++u) {
+          const int idx = tid + u * kThreads, i = idx / (kSlice / 4), c = 4 * (idx % (kSlice / 4));
+          *reinterpret_cast<float4*>(Rs + i * LV + c) = vr[u];
         }
-        Qs[i * LQK + d] = qv;
-        Ks[i * LQK + d] = kv;
-      }
-      for (int idx = tid; idx < kChunk * kSlice; idx += kThreads) {
-        const int i = idx / kSlice, c = idx % kSlice;
-        float vv = 0.0f;
-        if (i < cn && c0 + c < dv) {
-          vv = a.v[static_cast<int64_t>(t0 + i) * a.v_token_stride + static_cast<int64_t>(h) * dv + c0 + c];
+      } else {
+        for (int idx = tid; idx < kChunk * DK; idx += kThreads) {
+          const int i = idx / DK, d = idx % DK;
+          float qv = 0.0f, kv = 0.0f;
+          if (i < cn) {
+            const int64_t off = static_cast<int64_t>(t0 + i) * a.qk_token_stride + static_cast<int64_t>(kh) * DK + d;
+            qv = a.q[off];
+            kv = a.k[off];
+          }
+          Qs[i * LQK + d] = qv;
+          Ks[i * LQK + d] = kv;
         }
-        Rs[i * LV + c] = vv;
+        for (int idx = tid; idx < kChunk * kSlice; idx += kThreads) {
+          const int i = idx / kSlice, c = idx % kSlice;
+          float vv = 0.0f;
+          if (i < cn && c0 + c < dv) {
+            vv = a.v[static_cast<int64_t>(t0 + i) * a.v_token_stride + static_cast<int64_t>(h) * dv + c0 + c];
+          }
+          Rs[i * LV + c] = vv;
+        }
       }
     }
+    cp_async_wait_all();  // the state (first chunk); in a short pass also the chunk's q/k/v
     if (warp == 0) scan_gates(gate, lane, Gam, gam, bet);
     __syncthreads();
 
-    // ---- fetch this chunk's P and M (gdn_chunk_products_kernel) into registers; [Q;K]·S₀ ----
-    // They are stored over Q once it is dead; the loads overlap [Q;K]·S₀.
-    constexpr int kMP4 = 2 * kChunk * kChunk / 4 / kThreads;
+    // ---- this chunk's P and M (gdn_chunk_products_kernel) into registers; [Q;K]·S₀ ----
+    // Read as the products kernel writes them (mp_slot: rows past cn zero, blocks above the diagonal
+    // never read); the loads overlap [Q;K]·S₀, and they are stored over Q once it is dead. A short pass
+    // runs as the products kernel's dependent launch (sm_90) and waits for it here.
+    const float* src =
+        products + (static_cast<int64_t>(chunk0 + (t0 - begin) / kChunk) * a.Hv + h) * 2 * kChunk * kChunk;
+    if constexpr (!kAhead) wait_for_products();
     float4 mp[kMP4];
-    {
-      const float* src =
-          products + (static_cast<int64_t>(chunk0 + (t0 - begin) / kChunk) * a.Hv + h) * 2 * kChunk * kChunk;
 #pragma unroll
-      for (int u = 0; u < kMP4; ++u) mp[u] = ld4(src + 4 * (tid + u * kThreads));
+    for (int u = 0; u < kMP4; ++u) {
+      const MpSlot sl = mp_slot(tid, u);
+      mp[u] = sl.i < cn ? ld4(src + (sl.mat * kChunk + sl.i) * kChunk + sl.j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     // x[0] = Q S₀, x[1] = K S₀ on this warp's tiles (3xTF32; padded rows >= cn are zero).
     float x[2][2][4] = {};
-    if (!state_zero && mrow < cn) {
-      float lh[2][2][4] = {}, hl[2][2][4] = {};
+    if (!state_zero && mrow < cn) times_state<DK>(Qs, Ks, Ss, mrow, ncol, g, t, x);
+    __syncthreads();  // Q is dead
 #pragma unroll
-      for (int kb = 0; kb < DK; kb += kRun) {
-        float big[2][2][4] = {};
-#pragma unroll
-        for (int k0 = kb; k0 < kb + kRun && k0 < DK; k0 += 8) {
-          uint32_t ah[2][4], al[2][4];
-          load_a(Qs + mrow * LQK + k0, LQK, g, t, ah[0], al[0]);
-          load_a(Ks + mrow * LQK + k0, LQK, g, t, ah[1], al[1]);
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            uint32_t bh[2], bl[2];
-            load_b(Ss + (k0 + t) * LS + ncol + 8 * n + g, 4 * LS, bh, bl);
-#pragma unroll
-            for (int m = 0; m < 2; ++m) mma_3xtf32(big[m][n], lh[m][n], hl[m][n], ah[m], al[m], bh, bl);
-          }
-        }
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) x[m][n][e] += big[m][n][e];
-          }
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) x[m][n][e] += lh[m][n][e] + hl[m][n][e];
-        }
-      }
+    for (int u = 0; u < kMP4; ++u) {
+      const MpSlot sl = mp_slot(tid, u);
+      *reinterpret_cast<float4*>((sl.mat == 0 ? Ps : Ms) + sl.i * LCC + sl.j) = mp[u];
     }
     // R = diag(β)(V − diag(γ) K S₀) in place over V; x[0] becomes diag(γ) Q S₀, the output's first term.
 #pragma unroll
@@ -554,16 +642,12 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
       }
     }
     if (tid < kChunk) wlast[tid] = expf(static_cast<float>(Gam[kChunk - 1] - Gam[tid]));
-    __syncthreads();  // Q is dead: store P and M over it
-#pragma unroll
-    for (int u = 0; u < kMP4; ++u) {
-      const int e = 4 * (tid + u * kThreads), mat = e / (kChunk * kChunk), i = (e / kChunk) % kChunk, j = e % kChunk;
-      *reinterpret_cast<float4*>((mat == 0 ? Ps : Ms) + i * LCC + j) = mp[u];
-    }
     __syncthreads();
 
     if (t0 + kChunk < end) {
-      if (vec && kAhead) fetch(t0 + kChunk);
+      if constexpr (kAhead) {
+        if (vec) fetch(t0 + kChunk);
+      }
       if (warp == 0) fetch_gates(a, h, t0 + kChunk, end, lane, gate);
     }
 
@@ -664,27 +748,32 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
           mma_3xtf32(big[u], lh[u], hl[u], ah, al, bh, bl);
         }
       }
-      // The S₀ copy was last read by [Q;K]·S₀ (two barriers ago); the next chunk reads it after its first barrier.
+      // The S₀ copy was last read by [Q;K]·S₀ (two barriers ago); the next chunk reads it after its first
+      // barrier. Each thread rewrites only its own elements.
       const float gl = gam[kChunk - 1];
 #pragma unroll
       for (int u = 0; u < TPW; ++u) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[u][e] = fmaf(gl, s[u][e], big[u][e] + (lh[u][e] + hl[u][e]));
-          Ss[(sm0 + g + 8 * (e >> 1)) * LS + 8 * (sn0 + u) + 2 * t + (e & 1)] = s[u][e];
+          float* sp = Ss + (sm0 + g + 8 * (e >> 1)) * LS + 8 * (sn0 + u) + 2 * t + (e & 1);
+          *sp = fmaf(gl, *sp, big[u][e] + (lh[u][e] + hl[u][e]));
         }
       }
       state_zero = false;
     }
   }
 
+  // The final state: the last chunk's update left it in this thread's elements of Ss (an empty sequence:
+  // the staged S₀, copied by other threads).
   if (a.state_out != nullptr) {
+    cp_async_wait_all();
+    __syncthreads();
 #pragma unroll
     for (int u = 0; u < TPW; ++u) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int row = sm0 + g + 8 * (e >> 1), col = c0 + 8 * (sn0 + u) + 2 * t + (e & 1);
-        if (col < dv) a.state_out[state_base + row * dv + col] = s[u][e];
+        const int row = sm0 + g + 8 * (e >> 1), col = 8 * (sn0 + u) + 2 * t + (e & 1);
+        if (c0 + col < dv) a.state_out[state_base + row * dv + c0 + col] = Ss[row * LS + col];
       }
     }
   }
@@ -692,14 +781,29 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
 
 
 // float4 loads of q/k/v rows and stores of out rows need 16-byte aligned rows and dv % 4 == 0 (a
-// slice's float4 column groups then never straddle the end of a row).
+// slice's float4 column groups then never straddle the end of a row); the state slice's 16-byte copies
+// need state_in aligned too.
 bool vectorizable(const GdnArgs& a) {
-  return aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.out) && a.qk_token_stride % 4 == 0 &&
-         a.v_token_stride % 4 == 0 && a.out_token_stride % 4 == 0 && a.dv % 4 == 0;
+  return aligned16(a.q) && aligned16(a.k) && aligned16(a.v) && aligned16(a.out) && aligned16(a.state_in) &&
+         a.qk_token_stride % 4 == 0 && a.v_token_stride % 4 == 0 && a.out_token_stride % 4 == 0 && a.dv % 4 == 0;
+}
+
+// Programmatic dependent launch needs sm_90 (griddepcontrol); elsewhere the two kernels run one after
+// the other as plain launches.
+bool dependent_launch_available() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
 }
 
 // Opts the kernel into its dynamic shared memory once per process (before any graph capture that
-// launches it, since the first launch happens eagerly); the result is remembered.
+// launches it, since the first launch happens eagerly); the result is remembered. A short pass's
+// recurrence is launched as the products kernel's programmatic dependent where the GPU allows it: it
+// stages its state and q/k/v while the products kernel still runs (see wait_for_products).
 template <int DK>
 cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
   constexpr size_t bytes = GdnLayout<DK>::kBytes, product_bytes = GdnProductLayout<DK>::kBytes;
@@ -712,20 +816,28 @@ cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
   static const cudaError_t product_attr = cudaFuncSetAttribute(
       gdn_chunk_products_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(product_bytes));
   if (product_attr != cudaSuccess) return product_attr;
+  const bool vec = vectorizable(a);
   const int64_t chunks = max_chunks(a);
   if (chunks > 0) {
     gdn_chunk_products_kernel<DK><<<dim3(static_cast<unsigned>(chunks), a.Hk, 2), kThreads, product_bytes, stream>>>(
-        a, vectorizable(a), products);
+        a, vec, products);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid((a.dv + kSlice - 1) / kSlice, a.Hv, a.n_seqs);
-  if (a.short_seqs) {
-    gdn_chunked_kernel<DK, false><<<grid, kThreads, bytes, stream>>>(a, vectorizable(a), products);
-  } else {
-    gdn_chunked_kernel<DK, true><<<grid, kThreads, bytes, stream>>>(a, vectorizable(a), products);
-  }
-  return cudaGetLastError();
+  cudaLaunchAttribute dependent[1] = {};
+  dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((a.dv + kSlice - 1) / kSlice, a.Hv, a.n_seqs);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = stream;
+  cfg.attrs = dependent;
+  cfg.numAttrs = chunks > 0 && a.short_seqs && dependent_launch_available() ? 1 : 0;
+  const float* prod = products;
+  const cudaError_t err = a.short_seqs ? cudaLaunchKernelEx(&cfg, gdn_chunked_kernel<DK, false>, a, vec, prod)
+                                       : cudaLaunchKernelEx(&cfg, gdn_chunked_kernel<DK, true>, a, vec, prod);
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 }  // namespace

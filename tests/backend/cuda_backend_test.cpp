@@ -704,6 +704,86 @@ TEST(CudaMatmul, ConsumerTakingOverTheRowRescaleKeepsTheBits) {
   }
 }
 
+// ---- a GDN layer's l2 norms and gates in one launch ----------------------------------------------------
+
+// A Gated DeltaNet layer's q and k l2 norms and its gates, recorded back to back, run as one launch
+// (cuda_backend.cpp's join_gdn_prep, norms.cu's launch_gdn_prep). Their outputs must keep the bits of the
+// three ops as separate launches, which a synchronize() after each forces; the joined pass runs three
+// times (direct, captured, replayed) and must record `saved` commands fewer than the separate one.
+// Operands as the forward passes them: q̂ and k̂ strided [n, Hk, dk] views of the conv output rows, b
+// and α columns of the input projection's rows. Cases: the 0.8b and 4b head shapes over 37 tokens and
+// one token (all three ops join), and ops that must stay apart: the second norm reading the first's
+// output (only it and the gates join), and heads of 30 floats (off the norms' float4 path: nothing
+// joins).
+struct GdnPrepCase {
+  const char* name;
+  int64_t n, Hk, dk, Hv;
+  bool chained;  // the second norm reads the first one's output instead of k̂
+  uint64_t saved;
+};
+
+TEST(CudaGdnPrep, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  using testing::make_f32;
+  using testing::randn;
+  const GdnPrepCase cases[] = {
+      {"0.8b", 37, 16, 128, 16, false, 2}, {"4b", 37, 16, 128, 32, false, 2}, {"one token", 1, 16, 128, 32, false, 2},
+      {"chained norms", 37, 16, 128, 16, true, 1}, {"scalar norms", 13, 4, 30, 8, false, 0},
+  };
+  for (const GdnPrepCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int64_t n = c.n, Hk = c.Hk, dk = c.dk, Hv = c.Hv, C = 2 * Hk * dk + Hv * 64, P = C + 3 * Hv;
+    auto conv = make_f32(*gpu, {n, C}, randn(static_cast<size_t>(n * C), 1.0f, 81));
+    auto proj = make_f32(*gpu, {n, P}, randn(static_cast<size_t>(n * P), 2.0f, 82));
+    auto a_log = make_f32(*gpu, {Hv}, randn(static_cast<size_t>(Hv), 0.5f, 83));
+    auto dt_bias = make_f32(*gpu, {Hv}, randn(static_cast<size_t>(Hv), 0.5f, 84));
+    auto q = make_f32(*gpu, {n, Hk, dk}), k = make_f32(*gpu, {n, Hk, dk});
+    auto beta = make_f32(*gpu, {n, Hv}), g = make_f32(*gpu, {n, Hv});
+    const Tensor q_hat = conv.t.slice(1, 0, Hk * dk).split_last(Hk);
+    const Tensor k_hat = c.chained ? q.t : conv.t.slice(1, Hk * dk, Hk * dk).split_last(Hk);
+    const Tensor b = proj.t.slice(1, C + 2, Hv), alpha = proj.t.slice(1, C + 2 + Hv, Hv);
+    const float q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
+    auto ok = [](const Status& st) { EXPECT_TRUE(st.ok()) << st.to_string(); };
+    auto commands = [&] {
+#ifdef KEV_HAVE_CUDA
+      return cuda_graph_stats(*gpu).value().commands;
+#else
+      return uint64_t{0};
+#endif
+    };
+    // Returns q, k, beta and g, and the commands the ops recorded.
+    auto pass = [&](bool apart) {
+      const uint64_t before = commands();
+      ok(gpu->l2_norm(q_hat, 1e-6f, q_scale, q.t));
+      if (apart) ok(gpu->synchronize());
+      ok(gpu->l2_norm(k_hat, 1e-6f, 1.0f, k.t));
+      if (apart) ok(gpu->synchronize());
+      ok(gpu->gdn_gates(b, alpha, a_log.t, dt_bias.t, beta.t, g.t));
+      const uint64_t recorded = commands() - before;
+      std::vector<float> all;
+      for (const Tensor* t : {&q.t, &k.t, &beta.t, &g.t}) {
+        const std::vector<float> v = testing::read_f32(*gpu, *t);
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      return std::make_pair(all, recorded);
+    };
+    const auto [want, separate] = pass(true);
+    size_t nonzero = 0;
+    for (float v : want) nonzero += std::isfinite(v) && v != 0.0f;
+    EXPECT_EQ(nonzero, want.size()) << "every output should be finite and non-zero";
+    for (int run = 0; run < 3; ++run) {
+      const auto [got, joined] = pass(false);
+      ASSERT_EQ(got.size(), want.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+      EXPECT_EQ(differ, 0u) << "run " << run << " (0 direct, 1 captured, 2 replayed)";
+#ifdef KEV_HAVE_CUDA
+      EXPECT_EQ(separate - joined, c.saved) << "run " << run;
+#endif
+    }
+  }
+}
+
 // ---- graph replay -----------------------------------------------------------------------------------
 
 // A small pass touching every recording path: a staged upload, a layout upload, cuBLASLt, and

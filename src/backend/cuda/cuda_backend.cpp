@@ -75,6 +75,12 @@ Status check_grid(const OpCheck& c, const char* what, int64_t count) {
   return Status::success();
 }
 
+// No byte in common (conservatively, by each view's first-to-last-element span).
+bool disjoint(const Tensor& a, const Tensor& b) {
+  return a.empty() || b.empty() || a.buffer != b.buffer || a.offset + a.span_bytes() <= b.offset ||
+         b.offset + b.span_bytes() <= a.offset;
+}
+
 // Strides of a dim matter only when it has more than one element.
 bool same_stride(const Tensor& a, const Tensor& b, int d) {
   return a.shape[d] <= 1 || a.stride[d] == b.stride[d];
@@ -267,6 +273,7 @@ class CudaBackend final : public Backend {
       s.launches = recorder_->graph_launches();
       s.cached = recorder_->cached_graphs();
       s.capture_failures = recorder_->capture_failures();
+      s.commands = recorder_->recorded();
     }
     return s;
   }
@@ -380,10 +387,18 @@ class CudaBackend final : public Backend {
     constexpr const char* kOp = "l2_norm";
     KEV_TRY(ready(kOp));
     KEV_TRY(cpu::check_l2_norm(bound(kOp), x, out));
+    KEV_TRY(check_rows(bound(kOp), x));
     cuda::NormArgs a;
     a.kind = cuda::NormKind::L2;
     a.scale = scale;
-    return record_norm(kOp, a, x, Tensor{}, Tensor{}, out, eps);
+    cuda::GdnPrepArgs part;
+    part.norms[0] = with_rows(a, x, out, eps);
+    part.n_norms = 1;
+    KEV_ASSIGN_OR_RETURN(const bool joined, join_gdn_prep(part, norm_sig(x, Tensor{}, Tensor{}, out, eps, scale), {x}, {out}));
+    if (joined) return Status::success();
+    KEV_TRY(record_norm(kOp, a, x, Tensor{}, Tensor{}, out, eps));
+    note_gdn_prep(part, norm_sig(x, Tensor{}, Tensor{}, out, eps, scale), {x}, {out});
+    return Status::success();
   }
 
   Status rms_norm_gated(const Tensor& o, const Tensor& z, const Tensor& w, float eps, const Tensor& out) override {
@@ -412,12 +427,24 @@ class CudaBackend final : public Backend {
     KEV_TRY(check_grid(bound(kOp), "n·Hv", n * Hv));
     CommandSig sig;
     for (const Tensor* t : {&b, &a, &a_log, &dt_bias, &beta, &g}) sig_tensor(sig, *t);
-    const float *bp = f32p(b), *ap = f32p(a), *alp = f32p(a_log), *dtp = f32p(dt_bias);
-    float *betap = f32p(beta), *gp = f32p(g);
-    const int64_t bs = b.stride[0], as = a.stride[0], betas = beta.stride[0], gs = g.stride[0];
-    recorder_->record(kOp, sig, [=](cudaStream_t s) {
-      return launched(cuda::launch_gdn_gates(bp, bs, ap, as, alp, dtp, betap, betas, gp, gs, n, Hv, s), kOp);
-    });
+    cuda::GdnPrepArgs part;
+    cuda::GatesArgs& ga = part.gates;
+    ga.b = f32p(b);
+    ga.b_stride = b.stride[0];
+    ga.a = f32p(a);
+    ga.a_stride = a.stride[0];
+    ga.a_log = f32p(a_log);
+    ga.dt_bias = f32p(dt_bias);
+    ga.beta = f32p(beta);
+    ga.beta_stride = beta.stride[0];
+    ga.g = f32p(g);
+    ga.g_stride = g.stride[0];
+    ga.n = n;
+    ga.Hv = Hv;
+    KEV_ASSIGN_OR_RETURN(const bool joined, join_gdn_prep(part, sig, {b, a, a_log, dt_bias}, {beta, g}));
+    if (joined) return Status::success();
+    recorder_->record(kOp, sig, [=](cudaStream_t s) { return launched(cuda::launch_gdn_gates(ga, s), kOp); });
+    note_gdn_prep(part, std::move(sig), {b, a, a_log, dt_bias}, {beta, g});
     return Status::success();
   }
 
@@ -512,18 +539,30 @@ class CudaBackend final : public Backend {
     return Status::success();
   }
 
-  Status record_norm(const char* op, cuda::NormArgs a, const Tensor& x, const Tensor& z, const Tensor& w,
-                     const Tensor& out, float eps) {
-    KEV_TRY(check_rows(bound(op), x));
+  // a with the operands every norm has: x's and out's rows, d and eps.
+  static cuda::NormArgs with_rows(cuda::NormArgs a, const Tensor& x, const Tensor& out, float eps) {
     a.x = f32p(x);
     a.x_rows = rows_of(x);
     a.out = f32p(out);
     a.out_rows = rows_of(out);
     a.d = x.dim(-1);
     a.eps = eps;
+    return a;
+  }
+
+  static CommandSig norm_sig(const Tensor& x, const Tensor& z, const Tensor& w, const Tensor& out, float eps,
+                             float scale) {
     CommandSig sig;
     for (const Tensor* t : {&x, &z, &w, &out}) sig_tensor(sig, *t);
-    sig.word(eps, a.scale);
+    sig.word(eps, scale);
+    return sig;
+  }
+
+  Status record_norm(const char* op, cuda::NormArgs a, const Tensor& x, const Tensor& z, const Tensor& w,
+                     const Tensor& out, float eps) {
+    KEV_TRY(check_rows(bound(op), x));
+    a = with_rows(a, x, out, eps);
+    CommandSig sig = norm_sig(x, z, w, out, eps, a.scale);
     if (a.z_scales) KEV_TRY(fold_rescale(sig));
     recorder_->record(op, sig, [=](cudaStream_t s) { return launched(cuda::launch_norm(a, s), op); });
     noted_producer(op, std::move(sig), out, [=](uint16_t* xs, float* scales, int group) -> cuda::PassRecorder::Enqueue {
@@ -535,6 +574,60 @@ class CudaBackend final : public Backend {
       return [=](cudaStream_t s) { return launched(cuda::launch_norm(b, s), op); };
     });
     return Status::success();
+  }
+
+  // A Gated DeltaNet layer's l2_norm (q, k) and gdn_gates ops, recorded back to back, run as one launch
+  // (norms.cu's launch_gdn_prep, the bits of separate launches): an op of that kind joins the command
+  // recorded just before it in this pass when that command is such a launch with room for it (two
+  // norms, one gates), the fused kernel takes it (cuda::gdn_prep_fusable) and it is independent of the
+  // ops already there, which it would run alongside: it writes nothing they read or write and reads
+  // nothing they write. The joined command is re-recorded with both signatures (replace_last).
+  Result<bool> join_gdn_prep(const cuda::GdnPrepArgs& part, const CommandSig& sig, std::initializer_list<Tensor> reads,
+                             std::initializer_list<Tensor> writes) {
+    GdnPrep& p = last_prep_;
+    if (p.pass != recorder_->pass_serial() || p.recorded != recorder_->recorded() || p.recorded == 0) return false;
+    cuda::GdnPrepArgs joined = p.args;
+    if (part.n_norms > 0) {
+      if (joined.n_norms == 2) return false;
+      joined.norms[joined.n_norms++] = part.norms[0];
+    } else {
+      if (joined.gates.n * joined.gates.Hv > 0) return false;
+      joined.gates = part.gates;
+    }
+    if (!cuda::gdn_prep_fusable(joined)) return false;
+    for (const Tensor& w : writes) {
+      for (const std::vector<Tensor>* ts : {&p.reads, &p.writes}) {
+        for (const Tensor& t : *ts) {
+          if (!disjoint(w, t)) return false;
+        }
+      }
+    }
+    for (const Tensor& r : reads) {
+      for (const Tensor& t : p.writes) {
+        if (!disjoint(r, t)) return false;
+      }
+    }
+    p.args = joined;
+    p.sig.shape.insert(p.sig.shape.end(), sig.shape.begin(), sig.shape.end());
+    p.sig.ptrs.insert(p.sig.ptrs.end(), sig.ptrs.begin(), sig.ptrs.end());
+    p.reads.insert(p.reads.end(), reads);
+    p.writes.insert(p.writes.end(), writes);
+    const char* op = joined.gates.n * joined.gates.Hv == 0 ? "l2_norm x2"
+                     : joined.n_norms == 2                 ? "l2_norm x2 + gdn_gates"
+                                                           : "l2_norm + gdn_gates";
+    KEV_TRY(recorder_->replace_last(op, p.sig, [=](cudaStream_t s) { return launched(cuda::launch_gdn_prep(joined, s), op); }));
+    last_producer_ = Producer{};  // the norm it noted is no longer the command's only op
+    return true;
+  }
+
+  // Notes the l2_norm or gdn_gates just recorded on its own as a command the next such op may join.
+  void note_gdn_prep(const cuda::GdnPrepArgs& part, CommandSig sig, std::initializer_list<Tensor> reads,
+                     std::initializer_list<Tensor> writes) {
+    if (!cuda::gdn_prep_fusable(part)) {
+      last_prep_ = GdnPrep{};
+      return;
+    }
+    last_prep_ = GdnPrep{part, std::move(sig), reads, writes, recorder_->pass_serial(), recorder_->recorded()};
   }
 
   // Notes the command just recorded as one whose kernel can also write out's FP16 copy for a matmul
@@ -678,6 +771,14 @@ class CudaBackend final : public Backend {
   // The last command recorded that could write a matmul's FP16 input, and when (see
   // producer_writes_matmul_input()).
   Producer last_producer_;
+  // The last l2_norm / gdn_gates command (alone or joined), and when (see join_gdn_prep()).
+  struct GdnPrep {
+    cuda::GdnPrepArgs args;
+    CommandSig sig;
+    std::vector<Tensor> reads, writes;
+    uint64_t pass = 0, recorded = 0;
+  };
+  GdnPrep last_prep_;
   // The last F16-weight matmul without bias, and when: the op recorded right after it may take over its
   // row rescale (pending_rescale(), fold_rescale()).
   struct ScaledMatmul {

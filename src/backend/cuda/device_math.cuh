@@ -1,7 +1,7 @@
 // Helpers shared by the CUDA backend's kernels: overflow-free activations (the same forms as the
 // CPU's vec.h), warp sums, strided row addressing, sequence lookup in a packed layout, bit-exact BF16
-// conversion (round to nearest even, NaN kept quiet — as common/bf16.h), and the launchers' host-side
-// alignment checks.
+// conversion (round to nearest even, NaN kept quiet — as common/bf16.h), the GDN gates of one (token,
+// head), and the launchers' host-side alignment checks.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +21,16 @@ __device__ __forceinline__ float sigmoidf_stable(float u) {
 __device__ __forceinline__ float siluf(float u) { return u * sigmoidf_stable(u); }
 
 __device__ __forceinline__ float softplusf(float u) { return fmaxf(u, 0.0f) + log1pf(expf(-fabsf(u))); }
+
+// gdn_gates of (token, head) pair i of the [n, Hv] space (elementwise.cu's kernel and norms.cu's fused
+// GDN prep launch, which must give the same bits).
+__device__ __forceinline__ void gdn_gate(const GatesArgs& a, int64_t i) {
+  const int64_t t = i / a.Hv, h = i % a.Hv;
+  const float bv = a.b[t * a.b_stride + h];
+  const float av = a.a[t * a.a_stride + h];
+  a.beta[t * a.beta_stride + h] = sigmoidf_stable(bv);
+  a.g[t * a.g_stride + h] = -expf(a.a_log[h]) * softplusf(av + a.dt_bias[h]);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

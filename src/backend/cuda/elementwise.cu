@@ -140,16 +140,9 @@ void launch_binary_kind(bool vec4, int64_t rows, const float* x, const Rows& xr,
   }
 }
 
-__global__ void gdn_gates_kernel(const float* b, int64_t b_stride, const float* a, int64_t a_stride,
-                                 const float* a_log, const float* dt_bias, float* beta, int64_t beta_stride, float* g,
-                                 int64_t g_stride, int64_t n, int64_t Hv) {
+__global__ void gdn_gates_kernel(GatesArgs a) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n * Hv) return;
-  const int64_t t = i / Hv, h = i % Hv;
-  const float bv = b[t * b_stride + h];
-  const float av = a[t * a_stride + h];
-  beta[t * beta_stride + h] = sigmoidf_stable(bv);
-  g[t * g_stride + h] = -expf(a_log[h]) * softplusf(av + dt_bias[h]);
+  if (i < a.n * a.Hv) gdn_gate(a, i);
 }
 
 template <bool kInBf16, bool kOutBf16>
@@ -311,14 +304,11 @@ cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, 
   return cudaGetLastError();
 }
 
-cudaError_t launch_gdn_gates(const float* b, int64_t b_stride, const float* a, int64_t a_stride, const float* a_log,
-                             const float* dt_bias, float* beta, int64_t beta_stride, float* g, int64_t g_stride,
-                             int64_t n, int64_t Hv, cudaStream_t stream) {
-  const int64_t total = n * Hv;
+cudaError_t launch_gdn_gates(const GatesArgs& a, cudaStream_t stream) {
+  const int64_t total = a.n * a.Hv;
   if (total == 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>((total + kThreads - 1) / kThreads);
-  gdn_gates_kernel<<<grid, kThreads, 0, stream>>>(b, b_stride, a, a_stride, a_log, dt_bias, beta, beta_stride, g,
-                                                  g_stride, n, Hv);
+  gdn_gates_kernel<<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

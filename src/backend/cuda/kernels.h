@@ -54,6 +54,37 @@ cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream);
 // Whether launch_norm can write a's half copy (float4 paths, half_group dividing the rows, at most 32).
 bool norm_writes_half(const NormArgs& a);
 
+// elementwise.cu: beta = σ(b), g = −exp(a_log)·softplus(a + dt_bias); b, a, beta, g [n, Hv] with row
+// strides, a_log and dt_bias [Hv].
+struct GatesArgs {
+  const float* b = nullptr;
+  int64_t b_stride = 0;
+  const float* a = nullptr;
+  int64_t a_stride = 0;
+  const float* a_log = nullptr;
+  const float* dt_bias = nullptr;
+  float* beta = nullptr;
+  int64_t beta_stride = 0;
+  float* g = nullptr;
+  int64_t g_stride = 0;
+  int64_t n = 0, Hv = 0;
+};
+cudaError_t launch_gdn_gates(const GatesArgs& a, cudaStream_t stream);
+
+// norms.cu: a Gated DeltaNet layer's small ops before the delta rule (its q and k l2 norms, its gates)
+// in one launch when they are recorded back to back and independent of each other: up to two l2 norms,
+// each computed exactly as launch_norm computes it (float4 path, no half copy), and the gates (n = 0:
+// none) exactly as launch_gdn_gates computes them.
+struct GdnPrepArgs {
+  NormArgs norms[2];
+  int n_norms = 0;
+  GatesArgs gates;
+};
+// Whether launch_gdn_prep takes these ops (every norm an l2 norm on launch_norm's float4 path without
+// a half copy; the grid within limits).
+bool gdn_prep_fusable(const GdnPrepArgs& a);
+cudaError_t launch_gdn_prep(const GdnPrepArgs& a, cudaStream_t stream);
+
 // elementwise.cu. Binary maps and copy index the flattened [rows, d] space with 32 bits, so they take
 // fewer than kMaxElementwise elements (a launch with more returns cudaErrorInvalidValue).
 constexpr int64_t kMaxElementwise = (int64_t{1} << 32) - 256;
@@ -72,10 +103,6 @@ bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Ro
 cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,
                                const float* in_scales, float* out, const Rows& outr, int64_t d, uint16_t* half,
                                float* scales, int group, cudaStream_t stream);
-// beta = σ(b), g = −exp(a_log)·softplus(a + dt_bias); b, a, beta, g [n,Hv] with row strides.
-cudaError_t launch_gdn_gates(const float* b, int64_t b_stride, const float* a, int64_t a_stride, const float* a_log,
-                             const float* dt_bias, float* beta, int64_t beta_stride, float* g, int64_t g_stride,
-                             int64_t n, int64_t Hv, cudaStream_t stream);
 // out = x with F32/BF16 on either side (BF16 rounds to nearest even, NaN kept quiet).
 cudaError_t launch_copy(const void* x, bool x_bf16, const Rows& xr, void* out, bool out_bf16, const Rows& outr,
                         int64_t d, cudaStream_t stream);

@@ -26,9 +26,16 @@
 // GEMM row is half_group consecutive norm rows (rms_norm_gated: the Hv heads of a token), so the block
 // becomes half_group warps (<= 32, grid.x = rows / half_group), takes the block max and each lane
 // converts the out elements it wrote. The FP32 out is computed by the same code either way.
+// Fused GDN prep (launch_gdn_prep; the backend joins a Gated DeltaNet layer's q and k l2 norms and its
+// gdn_gates, recorded back to back and independent of each other, into one command): one launch of
+// 128-thread blocks, first the blocks the standalone float4 L2 launches would run (4 rows each, the same
+// row code), then one thread per (token, head) gate pair (device_math.cuh's gdn_gate, as elementwise.cu's
+// kernel), so every value has the bits of the separate launches, with two launches fewer.
 // add_rms_norm right after the F16-weight matmul that wrote y (NormArgs::z_scales): every path
 // multiplies y's row r by z_scales[r] as it reads it and stores the product back into y where the
 // scale is not 1 (f16_rows.cuh); the lane that reads an element of y is the one that writes it.
+#include <climits>
+
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/f16_rows.cuh"
 
@@ -45,13 +52,11 @@ __device__ __forceinline__ float4 add4(float4 u, float4 v) {
   return make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
 }
 
-// kHalf: the block's warps are the half_group rows of one GEMM row (grid exact, no row out of range).
-template <NormKind kKind, bool kHalf>
-__global__ void __launch_bounds__(1024) norm_vec4_kernel(NormArgs a) {
+// One row of the warp-per-row float4 kernel (lane strides over it): out's row `row` written, and
+// with kMax the lane's largest |out| returned (for the half copy; else 0).
+template <NormKind kKind, bool kMax>
+__device__ __forceinline__ float norm_vec4_row(const NormArgs& a, int64_t row, int lane) {
   constexpr bool kAdd = kKind == NormKind::AddRms;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (!kHalf && row >= a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2]) return;
   const int64_t x_off = row_offset(a.x_rows, row);
   const float* x = a.x + x_off;
   float* out = a.out + row_offset(a.out_rows, row);
@@ -91,16 +96,54 @@ __global__ void __launch_bounds__(1024) norm_vec4_kernel(NormArgs a) {
                       w.w * (v.w * f) * siluf(zz.w));
     }
     *reinterpret_cast<float4*>(out + j) = r;
-    if constexpr (kHalf) mx = fmaxf(mx, abs_max(r));
+    if constexpr (kMax) mx = fmaxf(mx, abs_max(r));
   }
+  return mx;
+}
+
+// kHalf: the block's warps are the half_group rows of one GEMM row (grid exact, no row out of range).
+template <NormKind kKind, bool kHalf>
+__global__ void __launch_bounds__(1024) norm_vec4_kernel(NormArgs a) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (!kHalf && row >= a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2]) return;
+  [[maybe_unused]] const float mx = norm_vec4_row<kKind, kHalf>(a, row, lane);
   if constexpr (kHalf) {
     __shared__ float part[32];
     const float inv = f16_row_inverse_scale(block_max(mx, part));
     if (threadIdx.x == 0) a.half_scales[blockIdx.x] = 1.0f / inv;
+    const float* out = a.out + row_offset(a.out_rows, row);
     __half* h = reinterpret_cast<__half*>(a.half) + blockIdx.x * (a.half_group * a.d) + (threadIdx.x / 32) * a.d;
 #pragma unroll 4
     for (int64_t j = 4 * lane; j < a.d; j += 128) store_f16(h + j, ld4(out + j), inv);  // this lane's own writes
   }
+}
+
+__device__ __forceinline__ int64_t rows_of(const NormArgs& a) {
+  return a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2];
+}
+
+// The fused GDN prep launch (launch_gdn_prep): blocks [0, nb0) are launch_norm's blocks for norms[0]
+// (kWarpsPerBlock rows each), the next nb1 those for norms[1], the rest 128 gate pairs each.
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) gdn_prep_kernel(GdnPrepArgs p, unsigned nb0, unsigned nb1) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warp_row = threadIdx.x / 32;
+  unsigned b = blockIdx.x;
+  // Each operand by a static index: a dynamic one would copy the kernel parameter to local memory.
+  if (b < nb0) {
+    const int64_t row = static_cast<int64_t>(b) * kWarpsPerBlock + warp_row;
+    if (row < rows_of(p.norms[0])) norm_vec4_row<NormKind::L2, false>(p.norms[0], row, lane);
+    return;
+  }
+  b -= nb0;
+  if (b < nb1) {
+    const int64_t row = static_cast<int64_t>(b) * kWarpsPerBlock + warp_row;
+    if (row < rows_of(p.norms[1])) norm_vec4_row<NormKind::L2, false>(p.norms[1], row, lane);
+    return;
+  }
+  b -= nb1;
+  const int64_t i = static_cast<int64_t>(b) * blockDim.x + threadIdx.x;
+  if (i < p.gates.n * p.gates.Hv) gdn_gate(p.gates, i);
 }
 
 constexpr int kRowThreads = 128, kRowVec = 8;  // wide rows: d / 4 <= kRowThreads · kRowVec
@@ -218,13 +261,17 @@ NormPath norm_path(const NormArgs& a) {
                                                                                              : NormPath::Vec4;
 }
 
+// launch_norm's grid for the warp-per-row kernels (which the fused GDN prep launch repeats).
+int64_t norm_blocks(const NormArgs& a) { return (a.x_rows.count() + kWarpsPerBlock - 1) / kWarpsPerBlock; }
+
+constexpr int kGateThreads = 32 * kWarpsPerBlock;  // gate pairs per block of the fused launch
+
 template <NormKind kKind>
 void launch_vec4(const NormArgs& a, int64_t rows, cudaStream_t stream) {
   if (a.half) {
     norm_vec4_kernel<kKind, true><<<static_cast<unsigned>(rows / a.half_group), 32 * a.half_group, 0, stream>>>(a);
   } else {
-    const dim3 grid(static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
-    norm_vec4_kernel<kKind, false><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(a);
+    norm_vec4_kernel<kKind, false><<<static_cast<unsigned>(norm_blocks(a)), 32 * kWarpsPerBlock, 0, stream>>>(a);
   }
 }
 
@@ -249,6 +296,27 @@ bool norm_writes_half(const NormArgs& a) {
   return false;
 }
 
+bool gdn_prep_fusable(const GdnPrepArgs& a) {
+  if (a.n_norms < 0 || a.n_norms > 2) return false;
+  int64_t blocks = (a.gates.n * a.gates.Hv + kGateThreads - 1) / kGateThreads;
+  for (int i = 0; i < a.n_norms; ++i) {
+    const NormArgs& n = a.norms[i];
+    if (n.kind != NormKind::L2 || n.half != nullptr || n.d == 0 || norm_path(n) != NormPath::Vec4) return false;
+    blocks += norm_blocks(n);
+  }
+  return blocks <= INT_MAX;
+}
+
+cudaError_t launch_gdn_prep(const GdnPrepArgs& a, cudaStream_t stream) {
+  if (!gdn_prep_fusable(a)) return cudaErrorInvalidValue;
+  const int64_t nb0 = a.n_norms > 0 ? norm_blocks(a.norms[0]) : 0, nb1 = a.n_norms > 1 ? norm_blocks(a.norms[1]) : 0;
+  const int64_t blocks = nb0 + nb1 + (a.gates.n * a.gates.Hv + kGateThreads - 1) / kGateThreads;
+  if (blocks == 0) return cudaSuccess;
+  gdn_prep_kernel<<<static_cast<unsigned>(blocks), kGateThreads, 0, stream>>>(a, static_cast<unsigned>(nb0),
+                                                                              static_cast<unsigned>(nb1));
+  return cudaGetLastError();
+}
+
 cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream) {
   const int64_t rows = a.x_rows.count();
   if (rows == 0 || a.d == 0) return cudaSuccess;
@@ -271,7 +339,7 @@ cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream) {
     }
     return cudaGetLastError();
   }
-  const dim3 grid(static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  const dim3 grid(static_cast<unsigned>(norm_blocks(a)));
   const int threads = 32 * kWarpsPerBlock;
   switch (a.kind) {
     case NormKind::Rms: norm_kernel<NormKind::Rms><<<grid, threads, 0, stream>>>(a); break;

@@ -1,7 +1,8 @@
 // The WebGPU backend against the CPU reference: every op case of the tables (op_cases_support.cpp),
-// weights split at the binding limit, dispatch folding, upload ordering inside one pass, and the
-// audit-only mode. Runs on whatever adapter Dawn finds (lavapipe in CI); without one the tests skip
-// with the reason printed. Rerun one op with --gtest_filter='WebGpu/OpVsReference.Matches/matmul*'.
+// the reductions' subgroup and workgroup-memory variants, weights split at the binding limit, dispatch
+// folding, upload ordering inside one pass, and the audit-only mode. Runs on whatever adapter Dawn
+// finds (lavapipe in CI); without one the tests skip with the reason printed. Rerun one op with
+// --gtest_filter='WebGpu/OpVsReference.Matches/matmul*'.
 #ifdef KEV_HAVE_WEBGPU
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <numeric>
 #include <random>
@@ -38,6 +40,22 @@ std::shared_ptr<Backend> webgpu(std::string* why) {
     }
   }
   if (why) *why = reason;
+  return b;
+}
+
+// A second WebGPU backend on the same adapter whose kernels use the workgroup-memory reductions even
+// where the adapter's subgroups pass the device's check (WebGpuTestHooks::subgroups = false), or null
+// without an adapter. Never destroyed, as webgpu().
+std::shared_ptr<Backend> webgpu_without_subgroups() {
+  static std::shared_ptr<Backend>& b = *new std::shared_ptr<Backend>();
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    WebGpuTestHooks hooks;
+    hooks.subgroups = false;
+    auto r = create_webgpu_backend_for_test(BackendOptions{}, hooks);
+    if (r.ok()) b = r.value();
+  }
   return b;
 }
 
@@ -139,6 +157,78 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
   return m;
+}
+
+// ---- subgroups ------------------------------------------------------------------------------------
+// The row reductions (norms, pointer head) take reduce_subgroups.wgsl's workgroup_sum where the
+// device's subgroups pass its layout check, else reduce_workgroup.wgsl's tree. The default backend
+// runs whichever the adapter allows (lavapipe: subgroups of 8); every case of those ops also runs on a
+// backend with subgroups turned off, so both variants are checked against the CPU on one adapter.
+bool has_subgroup_variant(OpKind k) {
+  return k == OpKind::RmsNorm || k == OpKind::AddRmsNorm || k == OpKind::L2Norm || k == OpKind::RmsNormGated ||
+         k == OpKind::PointerLogits;
+}
+
+std::vector<size_t> subgroup_variant_cases() {
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < all_op_cases().size(); ++i) {
+    if (has_subgroup_variant(all_op_cases()[i].kind)) idx.push_back(i);
+  }
+  return idx;
+}
+
+class OpWithoutSubgroups : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(OpWithoutSubgroups, MatchesReference) {
+  REQUIRE_WEBGPU(unused);
+  const std::shared_ptr<Backend> gpu = webgpu_without_subgroups();
+  ASSERT_TRUE(gpu);
+  expect_matches_reference(all_op_cases()[GetParam()], *gpu);
+}
+
+INSTANTIATE_TEST_SUITE_P(WebGpu, OpWithoutSubgroups, ::testing::ValuesIn(subgroup_variant_cases()), case_name);
+
+// Where the adapter offers subgroups (lavapipe and the H200 do), the default backend uses them — they
+// pass the layout check, so the subgroup variant is what the op tables test — and the hook's backend
+// does not; each description says which.
+TEST(WebGpu, SubgroupsCanBeTurnedOff) {
+  REQUIRE_WEBGPU(gpu);
+  const std::shared_ptr<Backend> off = webgpu_without_subgroups();
+  ASSERT_TRUE(off);
+  const std::string with = gpu->info().device, without = off->info().device;
+  std::printf("default: %s\nhook:    %s\n", with.c_str(), without.c_str());
+  if (with.find(", subgroups of ") != std::string::npos) {
+    EXPECT_EQ(with.find("(not used"), std::string::npos) << with;
+    EXPECT_NE(without.find("(not used: turned off)"), std::string::npos) << without;
+  }
+}
+
+// A row's norm is computed by one workgroup from that row alone, so its bits must not depend on the
+// rows around it: rows of a 300-row call equal the same rows in a 7-row call and alone, for
+// add_rms_norm (d 1,024) and l2_norm (d 128), in both reduction variants.
+TEST(WebGpu, NormRowsDoNotDependOnTheBatch) {
+  REQUIRE_WEBGPU(shared);
+  for (const std::shared_ptr<Backend>& gpu : {shared, webgpu_without_subgroups()}) {
+    ASSERT_TRUE(gpu);
+    std::vector<std::shared_ptr<Buffer>> keep;
+    for (const int64_t d : {1024, 128}) {
+      const int64_t n = 300;
+      const std::vector<float> x = random_floats(n * d, 51), y = random_floats(n * d, 52), w = random_floats(d, 53);
+      const Tensor tw = put(*gpu, keep, BufferUsage::Weights, DType::F32, {d}, w.data());
+      std::vector<std::vector<float>> outs;
+      for (const int64_t rows : {n, int64_t{7}, int64_t{1}}) {
+        const Tensor tx = put(*gpu, keep, BufferUsage::Activations, DType::F32, {rows, d}, x.data());
+        const Tensor ty = put(*gpu, keep, BufferUsage::Activations, DType::F32, {rows, d}, y.data());
+        const Tensor to = put(*gpu, keep, BufferUsage::Activations, DType::F32, {rows, d}, nullptr);
+        ASSERT_TRUE((d == 128 ? gpu->l2_norm(tx, 1e-6f, 0.5f, to) : gpu->add_rms_norm(tx, ty, tw, 1e-6f, to)).ok());
+        outs.push_back(get(*gpu, to));
+      }
+      for (size_t i = 1; i < outs.size(); ++i) {
+        EXPECT_TRUE(std::equal(outs[i].begin(), outs[i].end(), outs[0].begin()))
+            << "d " << d << ": rows of a " << outs[i].size() / d << "-row call differ from the 300-row call's";
+      }
+    }
+  }
 }
 
 // Weights above a (test-lowered, 1 MiB) binding limit are split on rows at upload; embedding and
@@ -293,36 +383,84 @@ TEST(WebGpu, MatmulRowsDoNotDependOnThePassOrTheKernel) {
   EXPECT_LE(num / den, 1e-10) << "matmul over split pieces (128×128 and 64×64 kernels) vs the CPU reference";
 }
 
-// Timing of the matmul kernels on whatever adapter runs (not a benchmark protocol; lavapipe's numbers
-// only show large relative differences). Run with
+// Milliseconds per call of `run` on `gpu` (median over samples; the first call, which builds the
+// pipelines, is not timed): each sample records `per_sync` calls into one pass and synchronises, and
+// samples are taken until there are at least 3 and `min_seconds` have passed. Not a benchmark
+// protocol; lavapipe's numbers only show large relative differences.
+struct Timing {
+  double median_ms, min_ms;
+  size_t samples;
+};
+
+Timing time_calls(Backend& gpu, const std::function<Status()>& run, int per_sync, double min_seconds) {
+  EXPECT_TRUE(run().ok());
+  EXPECT_TRUE(gpu.synchronize().ok());
+  std::vector<double> ms;
+  const auto start = std::chrono::steady_clock::now();
+  while (ms.size() < 3 || std::chrono::steady_clock::now() - start < std::chrono::duration<double>(min_seconds)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < per_sync; ++i) EXPECT_TRUE(run().ok());
+    EXPECT_TRUE(gpu.synchronize().ok());
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / per_sync);
+    if (::testing::Test::HasFailure()) break;
+  }
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.front(), ms.size()};
+}
+
+// The matmul at the 0.8B model's projections in Kev's passes: long's 2,187-token prefill (MLP gate+up,
+// GDN in_proj, MLP down, out_proj / o_proj), short's 250-token prefill and 222-row evaluation, and the
+// few-row kernel. Three calls per synchronisation. Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='WebGpu.DISABLED_MatmulTiming'
 TEST(WebGpu, DISABLED_MatmulTiming) {
   REQUIRE_WEBGPU(gpu);
   std::vector<std::shared_ptr<Buffer>> keep;
-  // n, k, m; 2187 × 3584 × 1024 is long's MLP down projection (144 tiles of 128×128).
-  const int64_t shapes[][3] = {
-      {256, 1024, 1024}, {250, 1024, 6144}, {2048, 1024, 3584}, {2187, 3584, 1024}, {1, 1024, 3584}};
+  const int64_t shapes[][3] = {{2187, 1024, 7168}, {2187, 1024, 8224}, {2187, 3584, 1024}, {2187, 2048, 1024},
+                               {250, 1024, 7168},  {250, 3584, 1024},  {250, 2048, 1024},  {222, 3584, 1024},
+                               {1, 1024, 3584}};
   for (const auto& s : shapes) {
     const int64_t n = s[0], k = s[1], m = s[2];
     const std::vector<float> x = random_floats(n * k, 21), w = random_floats(m * k, 22, 0.03f);
     const Tensor tx = put(*gpu, keep, BufferUsage::Activations, DType::F32, {n, k}, x.data());
     const Tensor tw = put(*gpu, keep, BufferUsage::Weights, DType::F32, {m, k}, w.data());
     const Tensor y = put(*gpu, keep, BufferUsage::Activations, DType::F32, {n, m}, nullptr);
-    ASSERT_TRUE(gpu->matmul(tx, tw, Tensor(), y).ok());  // warm-up: pipeline creation
-    ASSERT_TRUE(gpu->synchronize().ok());
-    std::vector<double> ms;
-    const auto start = std::chrono::steady_clock::now();
-    while (ms.size() < 3 || std::chrono::steady_clock::now() - start < std::chrono::seconds(2)) {
-      const auto t0 = std::chrono::steady_clock::now();
-      ASSERT_TRUE(gpu->matmul(tx, tw, Tensor(), y).ok());
-      ASSERT_TRUE(gpu->synchronize().ok());
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    const Timing t = time_calls(*gpu, [&] { return gpu->matmul(tx, tw, Tensor(), y); }, 3, 0.3);
+    std::printf("matmul n=%lld k=%lld m=%lld: median %.3f ms, min %.3f ms (%zu samples), %.2f TFLOP/s\n",
+                static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m), t.median_ms,
+                t.min_ms, t.samples, 2.0 * n * k * m / t.median_ms * 1e-9);
+  }
+}
+
+// The row reductions at long's shapes, with the subgroup and the workgroup-memory workgroup_sum:
+// add_rms_norm over 2,187 × 1,024, l2_norm over 2,187 × 32 rows of 128 (GDN q and k), rms_norm_gated
+// over 2,187 × 16 rows of 128. Twenty calls per synchronisation (each is tens of µs). Run with
+//   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='WebGpu.DISABLED_NormTiming'
+TEST(WebGpu, DISABLED_NormTiming) {
+  REQUIRE_WEBGPU(shared);
+  for (const std::shared_ptr<Backend>& gpu : {shared, webgpu_without_subgroups()}) {
+    ASSERT_TRUE(gpu);
+    std::vector<std::shared_ptr<Buffer>> keep;
+    const char* variant = gpu == shared ? "default" : "no subgroups";
+    const std::vector<float> big = random_floats(2187 * 32 * 128, 71), w = random_floats(1024, 72);
+    auto t2 = [&](int64_t rows, int64_t d) {
+      return put(*gpu, keep, BufferUsage::Activations, DType::F32, {rows, d}, big.data());
+    };
+    const Tensor tw = put(*gpu, keep, BufferUsage::Weights, DType::F32, {1024}, w.data());
+    const Tensor x = t2(2187, 1024), y = t2(2187, 1024), o = t2(2187, 1024);
+    const Tensor q = t2(2187 * 32, 128), qo = t2(2187 * 32, 128);
+    const Tensor g = t2(2187 * 16, 128), gz = t2(2187 * 16, 128), go = t2(2187 * 16, 128);
+    Tensor w128 = tw;
+    w128.shape[0] = 128;
+    const std::pair<const char*, std::function<Status()>> ops[] = {
+        {"add_rms_norm 2187x1024", [&] { return gpu->add_rms_norm(x, y, tw, 1e-6f, o); }},
+        {"l2_norm 69984x128", [&] { return gpu->l2_norm(q, 1e-6f, 1.0f, qo); }},
+        {"rms_norm_gated 34992x128", [&] { return gpu->rms_norm_gated(g, gz, w128, 1e-6f, go); }},
+    };
+    for (const auto& [name, run] : ops) {
+      const Timing t = time_calls(*gpu, run, 20, 0.2);
+      std::printf("%-26s %-12s: median %.4f ms, min %.4f ms (%zu samples)\n", name, variant, t.median_ms, t.min_ms,
+                  t.samples);
     }
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
-    std::printf("matmul n=%lld k=%lld m=%lld: median %.2f ms, min %.2f ms (%zu runs), %.1f GFLOP/s at the median\n",
-                static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m), med, ms.front(),
-                ms.size(), 2.0 * n * k * m / med * 1e-6);
   }
 }
 
@@ -476,24 +614,13 @@ TEST(WebGpu, DISABLED_AttentionTiming) {
     const Tensor tp = s.Ls > 0 ? put(*gpu, keep, BufferUsage::PrefixState, DType::F32, {s.Ls, Hkv, hd}, pkv.data())
                                : Tensor();
     const Tensor out = put(*gpu, keep, BufferUsage::Activations, DType::F32, {n, H, hd}, nullptr);
-    auto run = [&] { return gpu->attention(tq, tkv, tkv, tp, tp, layout, 1.0f / 16.0f, out); };
-    ASSERT_TRUE(run().ok());  // warm-up: pipeline creation
-    ASSERT_TRUE(gpu->synchronize().ok());
-    std::vector<double> ms;
-    const auto start = std::chrono::steady_clock::now();
-    while (ms.size() < 3 || std::chrono::steady_clock::now() - start < std::chrono::seconds(2)) {
-      const auto t0 = std::chrono::steady_clock::now();
-      ASSERT_TRUE(run().ok());
-      ASSERT_TRUE(gpu->synchronize().ok());
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
+    const Timing t =
+        time_calls(*gpu, [&] { return gpu->attention(tq, tkv, tkv, tp, tp, layout, 1.0f / 16.0f, out); }, 1, 2.0);
     // Visible (query, key) pairs: every prefix key plus the causal own keys, 4·hd FLOPs each per head.
     const double pairs = static_cast<double>(s.rows) * (s.len * s.Ls + s.len * (s.len + 1) / 2);
-    const double med = ms[ms.size() / 2];
     std::printf("attention Ls=%lld, %lld rows x %lld: median %.2f ms, min %.2f ms (%zu runs), %.1f GFLOP/s\n",
-                static_cast<long long>(s.Ls), static_cast<long long>(s.rows), static_cast<long long>(s.len), med,
-                ms.front(), ms.size(), 4.0 * hd * H * pairs / med * 1e-6);
+                static_cast<long long>(s.Ls), static_cast<long long>(s.rows), static_cast<long long>(s.len),
+                t.median_ms, t.min_ms, t.samples, 4.0 * hd * H * pairs / t.median_ms * 1e-6);
   }
 }
 
@@ -529,21 +656,11 @@ TEST(WebGpu, DISABLED_GdnTiming) {
     const Tensor out = put(*gpu, keep, BufferUsage::Activations, DType::F32, {n, H, d}, nullptr);
     const Tensor ts_out =
         s.rows == 1 ? put(*gpu, keep, BufferUsage::Activations, DType::F32, {H, d, d}, nullptr) : Tensor();
-    auto run = [&] { return gpu->gated_delta_rule(tq, tq, tv, tg, tb, ts, layout, out, ts_out); };
-    ASSERT_TRUE(run().ok());  // warm-up: pipeline creation
-    ASSERT_TRUE(gpu->synchronize().ok());
-    std::vector<double> ms;
-    const auto start = std::chrono::steady_clock::now();
-    while (ms.size() < 3 || std::chrono::steady_clock::now() - start < std::chrono::seconds(2)) {
-      const auto t0 = std::chrono::steady_clock::now();
-      ASSERT_TRUE(run().ok());
-      ASSERT_TRUE(gpu->synchronize().ok());
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
+    const Timing t = time_calls(
+        *gpu, [&] { return gpu->gated_delta_rule(tq, tq, tv, tg, tb, ts, layout, out, ts_out); }, 1, 2.0);
     std::printf("gated_delta_rule %lld rows x %lld tokens%s: median %.3f ms, min %.3f ms (%zu runs)\n",
                 static_cast<long long>(s.rows), static_cast<long long>(s.len), s.from_state ? " from a state" : "",
-                ms[ms.size() / 2], ms.front(), ms.size());
+                t.median_ms, t.min_ms, t.samples);
   }
 }
 

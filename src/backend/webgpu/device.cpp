@@ -23,6 +23,12 @@ namespace {
 constexpr uint64_t kWaitTimeoutNs = uint64_t{900} * 1000 * 1000 * 1000;
 constexpr uint64_t kRingChunkBytes = uint64_t{4} << 20;
 constexpr uint64_t kMinScratchBytes = uint64_t{1} << 20;
+// A pass's recorded work goes to the GPU in pieces while the host still records the rest, so the
+// GPU idles only while the first kFirstSubmit dispatches are recorded (instead of all of a pass's
+// several hundred, a few µs of host time each); after that, pieces of kSubmitEvery keep work queued
+// ahead of the GPU (each submit costs the host tens of µs).
+constexpr uint32_t kFirstSubmit = 8;
+constexpr uint32_t kSubmitEvery = 64;
 
 WGPUStringView sv(const char* s) { return WGPUStringView{s, WGPU_STRLEN}; }
 WGPUStringView sv(const std::string& s) { return WGPUStringView{s.data(), s.size()}; }
@@ -71,6 +77,7 @@ struct AdapterCandidate {
   std::string name, vendor, description;
   WGPUAdapterType type = WGPUAdapterType_Unknown;
   WGPUBackendType backend = WGPUBackendType_Undefined;
+  uint32_t subgroup_min = 0, subgroup_max = 0;
 };
 
 struct AdapterReply {
@@ -153,6 +160,8 @@ Result<AdapterCandidate> request_adapter(WGPUInstance instance, WGPUPowerPrefere
     c.description = str(info.description);
     c.type = info.adapterType;
     c.backend = info.backendType;
+    c.subgroup_min = info.subgroupMinSize;
+    c.subgroup_max = info.subgroupMaxSize;
     wgpuAdapterInfoFreeMembers(info);
   }
   return c;
@@ -200,7 +209,8 @@ void Device::on_device_lost(WGPUDevice const*, WGPUDeviceLostReason reason, WGPU
   d->lost_message_ = str(message);
 }
 
-Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, uint64_t max_binding_override) {
+Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, uint64_t max_binding_override,
+                                             bool use_subgroups) {
   std::unique_ptr<Device> d(new Device());
   const WGPUInstanceFeatureName timed = WGPUInstanceFeatureName_TimedWaitAny;
   WGPUInstanceDescriptor idesc = WGPU_INSTANCE_DESCRIPTOR_INIT;
@@ -269,11 +279,18 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
   want.maxStorageBuffersPerShaderStage = have.maxStorageBuffersPerShaderStage;
   want.maxComputeWorkgroupsPerDimension = have.maxComputeWorkgroupsPerDimension;
 
+  // Every standard feature the adapter lists (Dawn's own, 0x50000 and up, stay off). Not by name:
+  // webgpu.h renumbered the features between Dawn releases, and the bundled libwebgpu_wrapper's Dawn
+  // is older than the header it builds with (there Subgroups is 0x11 and 0x12 is
+  // CoreFeaturesAndLimits; ShaderF16 is 0xA, 0xB is RG11B10UfloatRenderable). What the kernels can
+  // use is then learnt by compiling the WGSL extensions below.
+  WGPUSupportedFeatures offered = WGPU_SUPPORTED_FEATURES_INIT;
+  wgpuAdapterGetFeatures(d->adapter_, &offered);
   std::vector<WGPUFeatureName> features;
-  d->has_f16_ = wgpuAdapterHasFeature(d->adapter_, WGPUFeatureName_ShaderF16);
-  d->has_subgroups_ = wgpuAdapterHasFeature(d->adapter_, WGPUFeatureName_Subgroups);
-  if (d->has_f16_) features.push_back(WGPUFeatureName_ShaderF16);
-  if (d->has_subgroups_) features.push_back(WGPUFeatureName_Subgroups);
+  for (size_t i = 0; i < offered.featureCount; ++i) {
+    if (static_cast<uint32_t>(offered.features[i]) < 0x50000) features.push_back(offered.features[i]);
+  }
+  wgpuSupportedFeaturesFreeMembers(offered);
 
   WGPUDeviceDescriptor ddesc = WGPU_DEVICE_DESCRIPTOR_INIT;
   ddesc.label = sv("kev");
@@ -309,15 +326,30 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
   l.workgroups_per_dim = got.maxComputeWorkgroupsPerDimension;
   l.storage_align = got.minStorageBufferOffsetAlignment;
   l.uniform_align = got.minUniformBufferOffsetAlignment;
+  KEV_ASSIGN_OR_RETURN(d->dummy_, d->create_buffer(kMaxStorageSlots * std::max<uint64_t>(l.storage_align, 16),
+                                                   kStorageUsage, "kev dummy"));
+
+  KEV_ASSIGN_OR_RETURN(d->has_f16_, d->compiles("enable f16;\nfn f(h: f16) -> f16 { return h; }\n"));
+  KEV_ASSIGN_OR_RETURN(const bool subgroups_compile,
+                       d->compiles("enable subgroups;\nfn f(v: f32) -> f32 { return subgroupAdd(v); }\n"));
+  std::string subgroups;  // the description's entry
+  if (subgroups_compile) {
+    const std::string sizes = chosen.subgroup_max == chosen.subgroup_min
+                                  ? cat(chosen.subgroup_min)
+                                  : cat(chosen.subgroup_min, "..", chosen.subgroup_max);
+    std::string why_not = "turned off";
+    if (use_subgroups) {
+      KEV_ASSIGN_OR_RETURN(why_not, d->check_subgroups());
+    }
+    d->has_subgroups_ = why_not.empty();
+    subgroups = cat(", subgroups of ", sizes, d->has_subgroups_ ? "" : cat(" (not used: ", why_not, ")"));
+  }
   d->description_ = cat(chosen.name, " (", adapter_type_name(chosen.type), ", ", backend_name(chosen.backend),
                         chosen.description.empty() ? "" : ", driver: ", chosen.description, "); storage binding ",
                         mib(l.max_binding), ", buffer ", mib(l.max_buffer), ", workgroup storage ",
                         l.workgroup_storage, " B, ", l.invocations, " invocations/workgroup, ", l.storage_buffers,
-                        " storage buffers/stage", d->has_f16_ ? ", shader-f16" : "",
-                        d->has_subgroups_ ? ", subgroups" : "", "; FP32 kernels");
-
-  KEV_ASSIGN_OR_RETURN(d->dummy_, d->create_buffer(kMaxStorageSlots * std::max<uint64_t>(l.storage_align, 16),
-                                                   kStorageUsage, "kev dummy"));
+                        " storage buffers/stage", d->has_f16_ ? ", shader-f16" : "", subgroups,
+                        "; FP32 kernels");
   return d;
 }
 
@@ -418,9 +450,10 @@ Result<const Device::Pipeline*> Device::pipeline(const KernelSpec& k) {
   if (it != pipelines_.end()) return &it->second;
   const char* body = find_wgsl(k.file);
   const char* prelude = find_wgsl("prelude");
-  KEV_CHECK(body != nullptr && prelude != nullptr, ErrorCode::Internal, "webgpu: no embedded WGSL file '", k.file,
-            ".wgsl' (or prelude.wgsl)");
-  const std::string code = cat(prelude, "\n", body);
+  const char* reduce = find_wgsl(has_subgroups_ ? "reduce_subgroups" : "reduce_workgroup");
+  KEV_CHECK(body != nullptr && prelude != nullptr && reduce != nullptr, ErrorCode::Internal,
+            "webgpu: no embedded WGSL file '", k.file, ".wgsl' (or prelude.wgsl, reduce_*.wgsl)");
+  const std::string code = cat(has_subgroups_ ? "enable subgroups;\n" : "", prelude, "\n", reduce, "\n", body);
   KEV_ASSIGN_OR_RETURN(WGPUBindGroupLayout layout, layout_for(k.n_storage));
 
   wgpuDevicePushErrorScope(device_, WGPUErrorFilter_Validation);
@@ -456,6 +489,50 @@ Result<const Device::Pipeline*> Device::pipeline(const KernelSpec& k) {
   p.pipeline = pipeline;
   p.layout = layout;
   return &p;
+}
+
+Result<bool> Device::compiles(const std::string& code) {
+  wgpuDevicePushErrorScope(device_, WGPUErrorFilter_Validation);
+  WGPUShaderSourceWGSL wgsl = WGPU_SHADER_SOURCE_WGSL_INIT;
+  wgsl.code = sv(code);
+  WGPUShaderModuleDescriptor mdesc = WGPU_SHADER_MODULE_DESCRIPTOR_INIT;
+  mdesc.nextInChain = &wgsl.chain;
+  mdesc.label = sv("kev probe");
+  WGPUShaderModule module = wgpuDeviceCreateShaderModule(device_, &mdesc);
+  if (module) wgpuShaderModuleRelease(module);
+  ScopeReply scope;
+  WGPUPopErrorScopeCallbackInfo cb = WGPU_POP_ERROR_SCOPE_CALLBACK_INFO_INIT;
+  cb.mode = WGPUCallbackMode_WaitAnyOnly;
+  cb.callback = on_pop_scope;
+  cb.userdata1 = &scope;
+  KEV_TRY(wait(wgpuDevicePopErrorScope(device_, cb), "a shader probe"));
+  return module != nullptr && scope.type == WGPUErrorType_NoError;
+}
+
+Result<std::string> Device::check_subgroups() {
+  constexpr uint32_t kInvocations = 64;  // reduce_subgroups.wgsl's workgroup
+  const KernelSpec check{"subgroup_check", "check", 1};
+  has_subgroups_ = true;  // builds the check under `enable subgroups;`
+  std::vector<uint32_t> ok(kInvocations, 0);
+  const uint32_t params[4] = {};
+  Result<WGPUBuffer> buf = create_buffer(kInvocations * sizeof(uint32_t), kStorageUsage, "kev subgroup check");
+  Status s = buf.status();
+  if (s.ok()) {
+    const Binding b{*buf, 0, kInvocations * sizeof(uint32_t)};
+    s = dispatch("subgroup check", check, params, sizeof params, {&b, 1}, 1);
+    if (s.ok()) s = read(*buf, 0, b.size, ok.data());
+    wgpuBufferRelease(*buf);
+  }
+  has_subgroups_ = false;
+  for (auto it = pipelines_.begin(); it != pipelines_.end();) {  // built with subgroups: not for later kernels
+    wgpuComputePipelineRelease(it->second.pipeline);
+    it = pipelines_.erase(it);
+  }
+  KEV_TRY(s);
+  const auto bad = std::find(ok.begin(), ok.end(), 0u);
+  if (bad == ok.end()) return std::string();
+  return cat("invocation ", bad - ok.begin(), " of a ", kInvocations,
+             "-invocation workgroup is not in a full subgroup of consecutive indices");
 }
 
 Status Device::ensure_encoder() {
@@ -581,6 +658,7 @@ Status Device::dispatch(const char* op, const KernelSpec& kernel, const void* pa
   wgpuComputePassEncoderDispatchWorkgroups(pass_, static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1);
   wgpuBindGroupRelease(group);
   recorded_ = true;
+  if (++unsubmitted_ >= (submits_ == 0 ? kFirstSubmit : kSubmitEvery)) return submit();
   return Status::success();
 }
 
@@ -607,12 +685,17 @@ Status Device::clear(WGPUBuffer dst, uint64_t offset, uint64_t size) {
   return Status::success();
 }
 
-Status Device::flush() {
+Status Device::submit() {
   KEV_TRY(check_alive());
+  // The rings' new bytes first: a queue write lands before the commands submitted after it, and the
+  // ranges written earlier in the pass are never rewritten (offsets only grow until flush()).
   for (Ring* ring : {&params_ring_, &data_ring_}) {
     for (RingChunk& c : ring->chunks) {
-      if (c.dirty > 0) wgpuQueueWriteBuffer(queue_, c.buffer, 0, c.host.data(), align_up(c.dirty, 4));
-      c.dirty = 0;
+      const uint64_t end = align_up(c.dirty, 4);
+      if (end > c.written) {
+        wgpuQueueWriteBuffer(queue_, c.buffer, c.written, c.host.data() + c.written, end - c.written);
+      }
+      c.written = std::max(c.written, end);
     }
   }
   if (encoder_) {
@@ -625,7 +708,14 @@ Status Device::flush() {
       wgpuQueueSubmit(queue_, 1, &commands);
       wgpuCommandBufferRelease(commands);
     }
+    ++submits_;
   }
+  unsubmitted_ = 0;
+  return Status::success();
+}
+
+Status Device::flush() {
+  KEV_TRY(submit());
   MapReply done;
   WGPUQueueWorkDoneCallbackInfo cb = WGPU_QUEUE_WORK_DONE_CALLBACK_INFO_INIT;
   cb.mode = WGPUCallbackMode_WaitAnyOnly;
@@ -633,10 +723,12 @@ Status Device::flush() {
   cb.userdata1 = &done;
   KEV_TRY(wait(wgpuQueueOnSubmittedWorkDone(queue_, cb), "the queue"));
   recorded_ = false;
+  submits_ = 0;
   ++flushes_;
   for (Ring* ring : {&params_ring_, &data_ring_}) {
     ring->chunk = 0;
     ring->used = 0;
+    for (RingChunk& c : ring->chunks) c.dirty = c.written = 0;
   }
   for (WGPUBuffer b : retired_) wgpuBufferRelease(b);
   retired_.clear();

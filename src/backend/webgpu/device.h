@@ -1,20 +1,23 @@
 // The Dawn runtime in one small wrapper: instance (TimedWaitAny), adapter choice, a device opened
 // with the limits the kernels need, compute pipelines built from the embedded WGSL, and the
-// recording model of one pass (one command encoder, one submit).
+// recording model of one pass (recorded in order, submitted in pieces, waited for once).
 //
 //   KEV_ASSIGN_OR_RETURN(std::unique_ptr<Device> dev, Device::open("cpu", 0));
 //   KEV_ASSIGN_OR_RETURN(WGPUBuffer b, dev->create_buffer(1024, kStorageUsage, "x"));
 //   KEV_TRY(dev->dispatch("add", kAddKernel, &params, sizeof params, bindings, n_workgroups));
-//   KEV_TRY(dev->read(b, 0, 1024, host));   // finishes the encoder, submits once, waits, maps
+//   KEV_TRY(dev->read(b, 0, 1024, host));   // submits what is left, waits, maps
 //
 // Contracts:
 // - Recording is in order. Dispatches go into one open compute pass of the current encoder (each
 //   dispatch is its own usage scope, so Dawn orders them); copies and clears end it and are recorded
-//   between passes, so the GPU sees exactly the op order. Nothing reaches the GPU before flush() (or read(), which flushes).
-// - stage() writes host data into a per-pass storage ring (each call at a fresh offset; the ring's host
-//   copy reaches the GPU by one queue.writeBuffer per chunk just before the submit) and returns a binding to it (dispatch() puts params into a uniform ring alike); upload_ordered() stages and records a copy into the
-//   destination, so the data lands where the upload sits in the op order. The ring is reused only after
-//   flush() has waited for the pass.
+//   between passes, so the GPU sees exactly the op order. Recorded work is submitted in pieces as the
+//   pass grows (after the first 8 dispatches, then every 64; queue order keeps the op order), so the
+//   GPU starts while the host records; flush() (or read(), which flushes) submits the rest and waits.
+// - stage() writes host data into a per-pass storage ring (each call at a fresh offset; the ring's new
+//   bytes reach the GPU by one queue.writeBuffer per chunk just before the next submit) and returns a
+//   binding to it (dispatch() puts params into a uniform ring alike); upload_ordered() stages and
+//   records a copy into the destination, so the data lands where the upload sits in the op order. The
+//   ring is reused only after flush() has waited for the pass.
 // - scratch() hands out transient GPU-only storage for the op being recorded; begin_op() recycles it
 //   (later commands run after earlier ones, so reuse across ops is safe).
 // - Errors: pipeline creation runs inside error scopes (the Status names the kernel); validation and
@@ -62,11 +65,13 @@ constexpr uint32_t kNeedStorageBuffers = 8;
 // Storage bindings of the widest kernel; dummy() has one distinct range per slot.
 constexpr size_t kMaxStorageSlots = 8;
 
-// A kernel: an entry point of an embedded WGSL file (prelude.wgsl is prepended to every file).
-// Binding 0 is the params uniform; bindings 1..n_storage are storage buffers, all declared
-// read_write: WebGPU forbids a buffer used both read-only and writable in one dispatch, and the
-// activation arena is one buffer, so inputs and outputs of an op are disjoint ranges of the same
-// buffer (Dawn checks writable bindings for overlap by range).
+// A kernel: an entry point of an embedded WGSL file (prelude.wgsl and one of the reduction helpers
+// are prepended to every file: reduce_subgroups.wgsl, under `enable subgroups;`, on a device whose
+// subgroups passed the layout check, else reduce_workgroup.wgsl). Binding 0 is the params uniform;
+// bindings 1..n_storage are storage buffers, all declared read_write: WebGPU forbids a buffer used
+// both read-only and writable in one dispatch, and the activation arena is one buffer, so inputs and
+// outputs of an op are disjoint ranges of the same buffer (Dawn checks writable bindings for overlap
+// by range).
 struct KernelSpec {
   const char* file;     // WGSL file stem, e.g. "norms"
   const char* entry;    // entry point
@@ -88,8 +93,11 @@ class Device {
   // Opens the adapter chosen by `adapter` (empty: the default high-performance adapter; "discrete",
   // "integrated", "cpu": the first of that type; anything else: a case-insensitive substring of the
   // adapter's name, vendor or driver description). `max_binding_override` > 0 lowers the storage
-  // binding limit the backend plans with (tests use it to exercise split weights).
-  static Result<std::unique_ptr<Device>> open(const std::string& adapter, uint64_t max_binding_override);
+  // binding limit the backend plans with (tests use it to exercise split weights); `use_subgroups`
+  // false keeps the kernels on their workgroup-memory reductions even where subgroups work (tests
+  // run both variants).
+  static Result<std::unique_ptr<Device>> open(const std::string& adapter, uint64_t max_binding_override,
+                                               bool use_subgroups = true);
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -98,6 +106,7 @@ class Device {
   // "llvmpipe (LLVM 19.1.7, 256 bits), Vulkan, Mesa 25.0.7 (driver: ...), binding 128 MiB, ..."
   const std::string& description() const { return description_; }
   bool has_shader_f16() const { return has_f16_; }
+  // Whether the kernels are built with subgroup reductions (see open() and check_subgroups()).
   bool has_subgroups() const { return has_subgroups_; }
 
   Result<WGPUBuffer> create_buffer(uint64_t size, WGPUBufferUsage usage, const char* label);
@@ -137,12 +146,21 @@ class Device {
   struct RingChunk {
     WGPUBuffer buffer = nullptr;
     uint64_t size = 0;
-    std::vector<uint8_t> host;  // what this pass put, written to `buffer` by flush()
-    uint64_t dirty = 0;         // bytes of `host` to write
+    std::vector<uint8_t> host;  // what this pass put, written to `buffer` by submit()
+    uint64_t dirty = 0;         // bytes of `host` put so far in this pass
+    uint64_t written = 0;       // ... of which submit() has written to `buffer`
   };
   Result<const Pipeline*> pipeline(const KernelSpec& kernel);
+  // Whether `code` compiles as a shader module on this device (the WGSL extensions it enables).
+  Result<bool> compiles(const std::string& code);
+  // Runs subgroup_check.wgsl: "" when every subgroup of a 256-invocation workgroup is full and holds
+  // consecutive invocation indices (what reduce_subgroups.wgsl assumes; WGSL leaves the mapping to
+  // the implementation), else why not.
+  Result<std::string> check_subgroups();
   Result<WGPUBindGroupLayout> layout_for(uint32_t n_storage);
   Status ensure_encoder();
+  // Writes the rings' new bytes and submits what is recorded, without waiting.
+  Status submit();
   void end_pass();
   Status wait(WGPUFuture future, const char* what);
   Status take_error(const char* during);
@@ -169,6 +187,8 @@ class Device {
   WGPUComputePassEncoder pass_ = nullptr;
   bool recorded_ = false;
   uint64_t flushes_ = 0;
+  uint32_t submits_ = 0;      // submits since the last flush
+  uint32_t unsubmitted_ = 0;  // dispatches recorded since the last submit
 
   // Two rings: uniforms for params, storage for staged data (a buffer may not be a uniform and a
   // writable storage binding of one dispatch).

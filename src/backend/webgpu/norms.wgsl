@@ -7,8 +7,10 @@
 // Layout: x, z, out [..., d] of rank 1..4, outer dims folded to (s0, s1, s2) with per-tensor strides
 // (views of projections are fine); w [d] contiguous. Unused operands are bound to dummies.
 // Launch: one workgroup of 64 invocations per row (folded); each invocation sums squares over
-// j ≡ lid (mod 64), then a tree reduction in workgroup memory. FP32 throughout. (64, not 256: the
-// model's rows are 32..2560 long, and short rows would leave most of a wider workgroup idle.)
+// j ≡ lid (mod 64), then workgroup_sum (reduce_subgroups.wgsl: subgroupAdd and one barrier where the
+// device's subgroups allow, else reduce_workgroup.wgsl's tree in workgroup memory). FP32 throughout.
+// (64, not 256: the model's rows are 32..2560 long, and short rows would leave most of a wider
+// workgroup idle.)
 // add_rms_norm: each invocation writes x + y for its j and reads back only its own elements, so the
 // second pass needs no barrier beyond the reduction's; out and y never alias x (the host checks).
 
@@ -27,8 +29,6 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> w: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
-var<workgroup> partial: array<f32, 64>;
-
 // Σ x² over the row starting at xb, shared by all invocations of the workgroup.
 fn row_sum_squares(xb: u32, lid: u32) -> f32 {
   var s = 0.0;
@@ -37,19 +37,6 @@ fn row_sum_squares(xb: u32, lid: u32) -> f32 {
     s += v * v;
   }
   return workgroup_sum(s, lid);
-}
-
-// The sum of every invocation's s, returned to all of them.
-fn workgroup_sum(s: f32, lid: u32) -> f32 {
-  partial[lid] = s;
-  workgroupBarrier();
-  for (var half = 32u; half > 0u; half >>= 1u) {
-    if (lid < half) {
-      partial[lid] += partial[lid + half];
-    }
-    workgroupBarrier();
-  }
-  return partial[0];
 }
 
 @compute @workgroup_size(64)

@@ -1,9 +1,9 @@
 // Pointer-head logits: out[j] = (kappa[j] · u[question[j]]) · scale.
 //
 // Layout: u [Q,P], kappa [M,P] (row strides free), question [M] I32, out [M] F32 contiguous.
-// Launch: one workgroup of 64 invocations per option (folded): strided partial dot products, then a
-// tree reduction in workgroup memory. A question index outside [0, Q) gives 0 (the engine builds
-// them; the op never reads outside u).
+// Launch: one workgroup of 64 invocations per option (folded): strided partial dot products, then
+// workgroup_sum (subgroups where the device allows, else a tree in workgroup memory). A question
+// index outside [0, Q) gives 0 (the engine builds them; the op never reads outside u).
 
 struct Params {
   m: u32, p_dim: u32, q_rows: u32, u_off: u32,
@@ -16,8 +16,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> kappa: array<f32>;
 @group(0) @binding(3) var<storage, read_write> question: array<i32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
-
-var<workgroup> partial: array<f32, 64>;
 
 @compute @workgroup_size(64)
 fn pointer_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -34,15 +32,8 @@ fn pointer_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
       s = fma(kappa[p.k_off + j * p.k_st + d], u[p.u_off + u32(qi) * p.u_st + d], s);
     }
   }
-  partial[lid] = s;
-  workgroupBarrier();
-  for (var half = 32u; half > 0u; half >>= 1u) {
-    if (lid < half) {
-      partial[lid] += partial[lid + half];
-    }
-    workgroupBarrier();
-  }
+  let total = workgroup_sum(s, lid);
   if (lid == 0u) {
-    out[p.o_off + j] = partial[0] * p.scale;
+    out[p.o_off + j] = total * p.scale;
   }
 }

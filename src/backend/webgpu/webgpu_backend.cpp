@@ -264,20 +264,26 @@ Status WebGpuBackend::dispatch(const char* op, const KernelSpec& k, const void* 
 
 }  // namespace webgpu
 
-Result<std::shared_ptr<Backend>> create_webgpu_backend_with_binding_limit(const BackendOptions& options,
-                                                                          uint64_t max_binding_bytes) {
+Result<std::shared_ptr<Backend>> create_webgpu_backend_for_test(const BackendOptions& options,
+                                                                const WebGpuTestHooks& hooks) {
   if (options.audit_only) {
     webgpu::DeviceLimits limits = webgpu::spec_default_limits();
-    if (max_binding_bytes > 0) limits.max_binding = std::min(limits.max_binding, max_binding_bytes);
+    if (hooks.max_binding_bytes > 0) limits.max_binding = std::min(limits.max_binding, hooks.max_binding_bytes);
     return std::shared_ptr<Backend>(std::make_shared<webgpu::WebGpuBackend>(nullptr, limits));
   }
-  KEV_ASSIGN_OR_RETURN(std::unique_ptr<webgpu::Device> device, webgpu::Device::open(options.adapter, max_binding_bytes));
+  KEV_ASSIGN_OR_RETURN(std::unique_ptr<webgpu::Device> device,
+                       webgpu::Device::open(options.adapter, hooks.max_binding_bytes, hooks.subgroups));
   const webgpu::DeviceLimits limits = device->limits();
   return std::shared_ptr<Backend>(std::make_shared<webgpu::WebGpuBackend>(std::move(device), limits));
 }
 
+Result<std::shared_ptr<Backend>> create_webgpu_backend_with_binding_limit(const BackendOptions& options,
+                                                                          uint64_t max_binding_bytes) {
+  return create_webgpu_backend_for_test(options, WebGpuTestHooks{max_binding_bytes, true});
+}
+
 Result<std::shared_ptr<Backend>> create_webgpu_backend(const BackendOptions& options) {
-  return create_webgpu_backend_with_binding_limit(options, 0);
+  return create_webgpu_backend_for_test(options, WebGpuTestHooks{});
 }
 
 }  // namespace kev

@@ -125,6 +125,25 @@ Question random_question(std::mt19937_64& rng, int i) {
   }
 }
 
+// A synthetic model with BF16 weights written into a temporary directory, removed with the object.
+struct TempBf16Model {
+  std::string dir;
+  bool written = false;
+  TempBf16Model(const std::string& kind, uint64_t seed)
+      : dir((std::filesystem::temp_directory_path() / ("kev-" + kind + "-bf16-" + std::to_string(::getpid()))).string()) {
+    SyntheticOptions so;
+    so.kind = kind;
+    so.seed = seed;
+    so.dtype = "bf16";
+    so.tokenizer_path = KEV_QWEN3_TOKENIZER;
+    so.out_dir = dir;
+    written = write_synthetic_model(so).ok();
+  }
+  ~TempBf16Model() { std::filesystem::remove_all(dir); }
+  TempBf16Model(const TempBf16Model&) = delete;
+  TempBf16Model& operator=(const TempBf16Model&) = delete;
+};
+
 // Options::reserve_memory on CUDA: after the load, requests within the limits take no more device
 // memory from the driver than their snapshots (arena, scratch and workspaces were reserved), whatever
 // the pass layout: one short row, many rows, one row longer than the token budget, a state at the
@@ -132,18 +151,9 @@ Question random_question(std::mt19937_64& rng, int i) {
 TEST(CudaMemory, ReservedAtLoadCoversEveryPassWithinTheLimits) {
   auto b = create_backend("cuda", BackendOptions{});
   if (!b.ok()) GTEST_SKIP() << "cuda backend unavailable: " << b.status().to_string();
-  const std::string dir = (std::filesystem::temp_directory_path() / ("kev-tiny-bf16-" + std::to_string(::getpid()))).string();
-  SyntheticOptions so;
-  so.kind = "tiny";
-  so.seed = 5;
-  so.dtype = "bf16";
-  so.tokenizer_path = KEV_QWEN3_TOKENIZER;
-  so.out_dir = dir;
-  ASSERT_TRUE(write_synthetic_model(so).ok());
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() { std::filesystem::remove_all(d); }
-  } cleanup{dir};
+  const TempBf16Model model("tiny", 5);
+  ASSERT_TRUE(model.written) << model.dir;
+  const std::string& dir = model.dir;
 
   Options o;
   o.backend = "cuda";
@@ -192,18 +202,9 @@ TEST(CudaMemory, ReservedAtLoadCoversEveryPassWithinTheLimits) {
 TEST(CudaBf16, Synthetic08bMatchesCpuFp32On200Questions) {
   auto b = create_backend("cuda", BackendOptions{});
   if (!b.ok()) GTEST_SKIP() << "cuda backend unavailable: " << b.status().to_string();
-  const std::string dir = (std::filesystem::temp_directory_path() / ("kev-0.8b-bf16-" + std::to_string(::getpid()))).string();
-  SyntheticOptions so;
-  so.kind = "0.8b";
-  so.seed = 3;
-  so.dtype = "bf16";
-  so.tokenizer_path = KEV_QWEN3_TOKENIZER;
-  so.out_dir = dir;
-  ASSERT_TRUE(write_synthetic_model(so).ok());
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() { std::filesystem::remove_all(d); }
-  } cleanup{dir};
+  const TempBf16Model model("0.8b", 3);
+  ASSERT_TRUE(model.written) << model.dir;
+  const std::string& dir = model.dir;
 
   Options co;
   auto cpu = Engine::load(dir, co);

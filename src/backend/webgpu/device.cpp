@@ -140,6 +140,17 @@ Status wait_on(WGPUInstance instance, WGPUFuture future, const char* what) {
   return Status::success();
 }
 
+// Pops the error scope pushed before a creation call and waits for its verdict.
+Result<ScopeReply> pop_error_scope(WGPUInstance instance, WGPUDevice device, const char* what) {
+  ScopeReply scope;
+  WGPUPopErrorScopeCallbackInfo cb = WGPU_POP_ERROR_SCOPE_CALLBACK_INFO_INIT;
+  cb.mode = WGPUCallbackMode_WaitAnyOnly;
+  cb.callback = on_pop_scope;
+  cb.userdata1 = &scope;
+  KEV_TRY(wait_on(instance, wgpuDevicePopErrorScope(device, cb), what));
+  return scope;
+}
+
 Result<AdapterCandidate> request_adapter(WGPUInstance instance, WGPUPowerPreference power, bool fallback) {
   WGPURequestAdapterOptions o = WGPU_REQUEST_ADAPTER_OPTIONS_INIT;
   o.powerPreference = power;
@@ -408,12 +419,7 @@ Result<WGPUBuffer> Device::create_buffer(uint64_t size, WGPUBufferUsage usage, c
   desc.size = align_up(std::max<uint64_t>(size, 4), 4);
   wgpuDevicePushErrorScope(device_, WGPUErrorFilter_OutOfMemory);
   WGPUBuffer b = wgpuDeviceCreateBuffer(device_, &desc);
-  ScopeReply scope;
-  WGPUPopErrorScopeCallbackInfo cb = WGPU_POP_ERROR_SCOPE_CALLBACK_INFO_INIT;
-  cb.mode = WGPUCallbackMode_WaitAnyOnly;
-  cb.callback = on_pop_scope;
-  cb.userdata1 = &scope;
-  KEV_TRY(wait(wgpuDevicePopErrorScope(device_, cb), "buffer creation"));
+  KEV_ASSIGN_OR_RETURN(const ScopeReply scope, pop_error_scope(instance_, device_, "buffer creation"));
   if (scope.type != WGPUErrorType_NoError) {
     if (b) wgpuBufferRelease(b);
     return Status(ErrorCode::Device, cat("webgpu: cannot allocate buffer '", label, "' of ", size, " bytes: ",
@@ -475,12 +481,7 @@ Result<const Device::Pipeline*> Device::pipeline(const KernelSpec& k) {
   WGPUComputePipeline pipeline = wgpuDeviceCreateComputePipeline(device_, &pdesc);
   wgpuPipelineLayoutRelease(pl);
   if (module) wgpuShaderModuleRelease(module);
-  ScopeReply scope;
-  WGPUPopErrorScopeCallbackInfo cb = WGPU_POP_ERROR_SCOPE_CALLBACK_INFO_INIT;
-  cb.mode = WGPUCallbackMode_WaitAnyOnly;
-  cb.callback = on_pop_scope;
-  cb.userdata1 = &scope;
-  KEV_TRY(wait(wgpuDevicePopErrorScope(device_, cb), "pipeline creation"));
+  KEV_ASSIGN_OR_RETURN(const ScopeReply scope, pop_error_scope(instance_, device_, "pipeline creation"));
   if (scope.type != WGPUErrorType_NoError || !pipeline) {
     if (pipeline) wgpuComputePipelineRelease(pipeline);
     return Status(ErrorCode::Device, cat("webgpu: pipeline ", key, " (", k.file, ".wgsl) failed: ", scope.message));
@@ -500,12 +501,7 @@ Result<bool> Device::compiles(const std::string& code) {
   mdesc.label = sv("kev probe");
   WGPUShaderModule module = wgpuDeviceCreateShaderModule(device_, &mdesc);
   if (module) wgpuShaderModuleRelease(module);
-  ScopeReply scope;
-  WGPUPopErrorScopeCallbackInfo cb = WGPU_POP_ERROR_SCOPE_CALLBACK_INFO_INIT;
-  cb.mode = WGPUCallbackMode_WaitAnyOnly;
-  cb.callback = on_pop_scope;
-  cb.userdata1 = &scope;
-  KEV_TRY(wait(wgpuDevicePopErrorScope(device_, cb), "a shader probe"));
+  KEV_ASSIGN_OR_RETURN(const ScopeReply scope, pop_error_scope(instance_, device_, "a shader probe"));
   return module != nullptr && scope.type == WGPUErrorType_NoError;
 }
 

@@ -198,6 +198,11 @@ class Engine {
 
   // The state pass: tokenises `state_text` (plain text; see render_json_text) and snapshots it.
   Result<Prefix> prefill(std::string_view state_text);
+  // The state pass over state ids tokenised elsewhere as prefill() would (the state delimiter first, at
+  // most max_prefix ids, each in the vocabulary; InvalidRequest otherwise), for callers that tokenise
+  // off the engine's lock, such as kev_server's request threads. `original_length` and `truncated`
+  // are what that encoding reported (Answers::usage gives them back).
+  Result<Prefix> prefill_tokens(std::vector<int32_t> tokens, int64_t original_length, bool truncated);
   // Any number of questions; split into passes by the token budget and max_questions.
   Result<Answers> evaluate(const Prefix& prefix, const Questions& questions);
   // evaluate(prefill(state), questions).

@@ -210,17 +210,29 @@ Result<Engine> Engine::load(const std::string& path, const Options& options) {
 }
 
 Result<Prefix> Engine::prefill(std::string_view state_text) {
+  KEV_ASSIGN_OR_RETURN(EncodedState enc, impl_->encoder.encode_state(state_text, impl_->options.truncate_states));
+  return prefill_tokens(std::move(enc.tokens), enc.original_length, enc.truncated);
+}
+
+Result<Prefix> Engine::prefill_tokens(std::vector<int32_t> tokens, int64_t original_length, bool truncated) {
   EngineImpl& e = *impl_;
-  KEV_ASSIGN_OR_RETURN(EncodedState enc, e.encoder.encode_state(state_text, e.options.truncate_states));
+  const Limits& lim = e.encoder.limits();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  KEV_CHECK(n > 0 && tokens.front() == e.encoder.special_ids().state, ErrorCode::InvalidRequest,
+            "state tokens must start with the state delimiter id ", e.encoder.special_ids().state);
+  KEV_CHECK(n <= lim.max_prefix, ErrorCode::InvalidRequest, "the state has ", n, " tokens, over max_prefix ",
+            lim.max_prefix, " by ", n - lim.max_prefix);
+  KEV_CHECK(original_length >= n, ErrorCode::InvalidRequest, "original_length ", original_length,
+            " is below the ", n, " state tokens given");
   std::lock_guard<std::mutex> lock(e.mu);
-  KEV_ASSIGN_OR_RETURN(PrefixState state, e.runner->prefill(enc.tokens));
+  KEV_ASSIGN_OR_RETURN(PrefixState state, e.runner->prefill(tokens));
   ++e.prefills;
-  e.state_tokens += static_cast<int64_t>(enc.tokens.size());
+  e.state_tokens += n;
   auto impl = std::make_unique<PrefixImpl>();
   impl->state = std::move(state);
-  impl->tokens = std::move(enc.tokens);
-  impl->original_length = enc.original_length;
-  impl->truncated = enc.truncated;
+  impl->tokens = std::move(tokens);
+  impl->original_length = original_length;
+  impl->truncated = truncated;
   impl->engine_id = e.id;
   impl->backend = e.backend;
   return Prefix(std::move(impl));

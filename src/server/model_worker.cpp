@@ -38,8 +38,8 @@ Result<std::unique_ptr<ModelWorker>> ModelWorker::open(const std::string& model_
             "; it must be at least 1");
   KEV_CHECK(worker_options.queue_timeout.count() >= 0, ErrorCode::InvalidRequest, "queue_timeout is ",
             worker_options.queue_timeout.count(), " ms; it must be 0 (no limit) or more");
-  // The tokenizer the engine uses, found as Engine::load finds it, so prepare() encodes exactly as
-  // prefill() and evaluate() will.
+  // The tokenizer the engine uses, found as Engine::load finds it: prepare() encodes the state the
+  // engine's state pass then takes as it is (prefill_tokens) and the questions as evaluate() will.
   std::string tokenizer_path, source;
   if (is_checkpoint_dir(model_path)) {
     source = options.base_dir.empty() ? model_path : options.base_dir;
@@ -191,11 +191,10 @@ Result<std::shared_ptr<const Prefix>> ModelWorker::find_or_make_prefix(const Job
   }
   if (hit) return prefix;
   const auto t0 = Clock::now();
-  KEV_ASSIGN_OR_RETURN(Prefix made, engine_.prefill(job.request.request.state_text));
+  // prepare()'s ids, encoded on the request's thread, are the pass's input and the cache key.
+  const EncodedState& enc = job.request.state;
+  KEV_ASSIGN_OR_RETURN(Prefix made, engine_.prefill_tokens(enc.tokens, enc.original_length, enc.truncated));
   prefill_ms = ms_between(t0, Clock::now());
-  // The cache is keyed by prepare()'s ids; a state pass that saw other ids would poison it.
-  KEV_CHECK(made.tokens() == key.tokens, ErrorCode::Internal, "the state pass saw ", made.tokens().size(),
-            " tokens but the server encoded ", key.tokens.size(), "; the server's encoder disagrees with the engine's");
   prefix = std::make_shared<const Prefix>(std::move(made));
   cache_.insert(std::move(key), prefix);
   return prefix;

@@ -204,6 +204,45 @@ TEST(Engine, ReservingMemoryAtLoadChangesNoAnswer) {
   EXPECT_EQ(a.placement_report(), b.placement_report());
 }
 
+// State ids encoded by the caller (kev_server encodes on its request threads) give the same snapshot
+// as the text; ids the engine would never have produced are refused with the reason.
+TEST(Engine, PrefillTokensEqualsPrefillOfTheText) {
+  Options opts;
+  opts.override_limits = true;
+  opts.limits.max_prefix = 64;
+  opts.limits.max_context = 256;
+  Engine e = load_tiny(opts);
+  auto from_text = e.prefill(kState);
+  ASSERT_TRUE(from_text.ok()) << from_text.status().to_string();
+  const std::vector<int32_t> ids = from_text->tokens();
+  auto from_ids = e.prefill_tokens(ids, static_cast<int64_t>(ids.size()) + 5, true);
+  ASSERT_TRUE(from_ids.ok()) << from_ids.status().to_string();
+  EXPECT_EQ(from_ids->tokens(), ids);
+  EXPECT_TRUE(from_ids->truncated());
+  EXPECT_EQ(*from_ids->content_hash(), *from_text->content_hash());
+  auto a = e.evaluate(*from_text, sample_questions());
+  auto b = e.evaluate(*from_ids, sample_questions());
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (size_t q = 0; q < a->answers.size(); ++q) EXPECT_EQ(a->answers[q].logits, b->answers[q].logits);
+  EXPECT_EQ(b->usage.state_tokens, static_cast<int64_t>(ids.size()) + 5);
+
+  auto expect_refused = [&](std::vector<int32_t> t, int64_t original, const std::string& words) {
+    auto r = e.prefill_tokens(std::move(t), original, false);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), ErrorCode::InvalidRequest);
+    EXPECT_NE(r.status().message().find(words), std::string::npos) << r.status().message();
+  };
+  expect_refused({}, 0, "state delimiter");
+  expect_refused(std::vector<int32_t>(ids.begin() + 1, ids.end()), static_cast<int64_t>(ids.size()), "state delimiter");
+  std::vector<int32_t> long_ids(ids);
+  long_ids.resize(65, ids.back());
+  expect_refused(long_ids, 65, "over max_prefix 64 by 1");
+  expect_refused(ids, 1, "original_length 1");
+  std::vector<int32_t> bad_id(ids);
+  bad_id.back() = 1 << 30;
+  expect_refused(bad_id, static_cast<int64_t>(ids.size()), "outside the model's vocabulary");
+}
+
 TEST(Engine, RejectsBadRequestsWithClearErrors) {
   Options opts;
   opts.override_limits = true;

@@ -141,7 +141,7 @@ struct Options {
 struct DeviceMemory {
   size_t bytes_in_use = 0;   // held now: weights, snapshots, the activation arena, per-pass scratch
   size_t bytes_cached = 0;   // freed blocks the pool keeps for reuse
-  uint64_t allocations = 0;  // blocks taken from the driver since load
+  uint64_t allocations = 0;  // blocks (cuda) or buffers (webgpu) taken from the driver since load
 };
 
 // Time spent per op kind over all passes so far (filled when Options::profile_ops is set).
@@ -212,7 +212,8 @@ class Engine {
   // Which op ran on which backend in the passes so far, and token counts.
   std::string placement_report() const;
   std::vector<OpProfile> op_profile() const;
-  // The backend's device memory counters; nullopt for backends without a device pool (cpu, webgpu).
+  // The backend's device memory counters (cuda: its pool; webgpu: the buffers it created and holds, no
+  // cache); nullopt for the CPU backend.
   std::optional<DeviceMemory> device_memory() const;
 
  private:

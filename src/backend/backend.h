@@ -89,7 +89,7 @@ class Backend {
   virtual Status download(const Tensor& src, void* dst, size_t bytes) = 0;      // src contiguous
   virtual Status fill_zero(const Tensor& dst) = 0;                              // dst contiguous
   virtual Status synchronize() = 0;
-  // Device memory counters, for backends that keep a device pool (CUDA); nullopt otherwise.
+  // Device memory counters of a GPU backend (CUDA's pool, WebGPU's buffers); nullopt for the CPU.
   virtual std::optional<DeviceMemory> memory() const { return std::nullopt; }
 
   // ---- ops (shapes outermost first; n = tokens in the pass) ---------------------------------------

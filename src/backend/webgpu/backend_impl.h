@@ -23,7 +23,8 @@ class GpuBuffer final : public Buffer {
     uint64_t size = 0;
     uint64_t row_bytes = 0;  // split weights: bytes per row (pieces start on row boundaries); 0 otherwise
   };
-  GpuBuffer(size_t size, BufferUsage usage) : size_(size), usage_(usage) {}
+  GpuBuffer(size_t size, BufferUsage usage, std::shared_ptr<Device::BufferCounters> counters)
+      : size_(size), usage_(usage), counters_(std::move(counters)) {}
   ~GpuBuffer() override;
   GpuBuffer(const GpuBuffer&) = delete;
   GpuBuffer& operator=(const GpuBuffer&) = delete;
@@ -38,6 +39,7 @@ class GpuBuffer final : public Buffer {
   size_t size_;
   BufferUsage usage_;
   std::vector<Piece> pieces_;  // empty: a split weight not uploaded yet
+  std::shared_ptr<Device::BufferCounters> counters_;
 };
 
 // A tensor bound for a kernel: the binding (a range starting at a storage-aligned offset) and the
@@ -60,6 +62,7 @@ class WebGpuBackend final : public Backend {
   Status download(const Tensor& src, void* dst, size_t bytes) override;
   Status fill_zero(const Tensor& dst) override;
   Status synchronize() override;
+  std::optional<DeviceMemory> memory() const override;
 
   Status embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
   Status rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override;

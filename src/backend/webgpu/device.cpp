@@ -373,12 +373,12 @@ Device::~Device() {
   for (auto& [k, p] : pipelines_) wgpuComputePipelineRelease(p.pipeline);
   for (auto& [k, l] : layouts_) wgpuBindGroupLayoutRelease(l);
   for (Ring* ring : {&params_ring_, &data_ring_}) {
-    for (RingChunk& c : ring->chunks) wgpuBufferRelease(c.buffer);
+    for (RingChunk& c : ring->chunks) release_buffer(c.buffer);
   }
-  for (WGPUBuffer b : retired_) wgpuBufferRelease(b);
-  if (scratch_) wgpuBufferRelease(scratch_);
-  if (readback_) wgpuBufferRelease(readback_);
-  if (dummy_) wgpuBufferRelease(dummy_);
+  for (WGPUBuffer b : retired_) release_buffer(b);
+  if (scratch_) release_buffer(scratch_);
+  if (readback_) release_buffer(readback_);
+  if (dummy_) release_buffer(dummy_);
   if (queue_) wgpuQueueRelease(queue_);
   if (device_) {
     wgpuDeviceDestroy(device_);
@@ -426,7 +426,14 @@ Result<WGPUBuffer> Device::create_buffer(uint64_t size, WGPUBufferUsage usage, c
                                          scope.message));
   }
   KEV_CHECK(b != nullptr, ErrorCode::Device, "webgpu: cannot allocate buffer '", label, "' of ", size, " bytes");
+  ++counters_->created;
+  counters_->live_bytes += static_cast<int64_t>(desc.size);
   return b;
+}
+
+void Device::release_buffer(WGPUBuffer b) {
+  counters_->released(b);
+  wgpuBufferRelease(b);
 }
 
 Result<WGPUBindGroupLayout> Device::layout_for(uint32_t n_storage) {
@@ -517,7 +524,7 @@ Result<std::string> Device::check_subgroups() {
     const Binding b{*buf, 0, kInvocations * sizeof(uint32_t)};
     s = dispatch("subgroup check", check, params, sizeof params, {&b, 1}, 1);
     if (s.ok()) s = read(*buf, 0, b.size, ok.data());
-    wgpuBufferRelease(*buf);
+    release_buffer(*buf);
   }
   has_subgroups_ = false;
   for (auto it = pipelines_.begin(); it != pipelines_.end();) {  // built with subgroups: not for later kernels
@@ -726,7 +733,7 @@ Status Device::flush() {
     ring->used = 0;
     for (RingChunk& c : ring->chunks) c.dirty = c.written = 0;
   }
-  for (WGPUBuffer b : retired_) wgpuBufferRelease(b);
+  for (WGPUBuffer b : retired_) release_buffer(b);
   retired_.clear();
   KEV_TRY(take_error("while recording or running the pass"));
   KEV_CHECK(done.ok, ErrorCode::Device, "webgpu: the queue reported a failure: ", done.message);
@@ -737,7 +744,7 @@ Status Device::read(WGPUBuffer src, uint64_t offset, uint64_t bytes, void* dst) 
   if (bytes == 0) return Status::success();
   const uint64_t begin = offset / 4 * 4, end = align_up(offset + bytes, 4);
   if (!readback_ || readback_size_ < end - begin) {
-    if (readback_) wgpuBufferRelease(readback_);
+    if (readback_) release_buffer(readback_);
     readback_ = nullptr;
     const uint64_t size = std::max<uint64_t>(end - begin, 4096);
     KEV_ASSIGN_OR_RETURN(readback_,

@@ -27,6 +27,7 @@
 // - One Device is used from one thread at a time.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -110,6 +111,16 @@ class Device {
   bool has_subgroups() const { return has_subgroups_; }
 
   Result<WGPUBuffer> create_buffer(uint64_t size, WGPUBufferUsage usage, const char* label);
+  // Releases a buffer made by create_buffer and takes its bytes off the counters.
+  void release_buffer(WGPUBuffer b);
+  // Buffers created so far and the bytes of those not yet released; shared with the buffers the
+  // backend hands out, whose release may come after the backend's.
+  struct BufferCounters {
+    std::atomic<uint64_t> created{0};
+    std::atomic<int64_t> live_bytes{0};
+    void released(WGPUBuffer b) { live_bytes -= static_cast<int64_t>(wgpuBufferGetSize(b)); }
+  };
+  const std::shared_ptr<BufferCounters>& counters() const { return counters_; }
   // A small range bound for an absent operand in storage slot `slot` (distinct per slot, so two
   // absent writable operands never alias).
   Binding dummy(size_t slot) const;
@@ -203,6 +214,7 @@ class Device {
   WGPUBuffer scratch_ = nullptr;
   uint64_t scratch_size_ = 0;
   uint64_t scratch_used_ = 0;
+  std::shared_ptr<BufferCounters> counters_ = std::make_shared<BufferCounters>();
   std::vector<WGPUBuffer> retired_;  // replaced scratch buffers, released after the next flush
 
   WGPUBuffer readback_ = nullptr;

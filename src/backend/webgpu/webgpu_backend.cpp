@@ -63,7 +63,17 @@ Status for_each_piece(const GpuBuffer& buf, uint64_t offset, uint64_t bytes, Fn&
 }  // namespace
 
 GpuBuffer::~GpuBuffer() {
-  for (Piece& p : pieces_) wgpuBufferRelease(p.buffer);
+  for (Piece& p : pieces_) {
+    counters_->released(p.buffer);
+    wgpuBufferRelease(p.buffer);
+  }
+}
+
+// No cache: every buffer the backend holds is in use; allocations count the buffers created.
+std::optional<DeviceMemory> WebGpuBackend::memory() const {
+  if (!device_) return std::nullopt;
+  const Device::BufferCounters& c = *device_->counters();
+  return DeviceMemory{static_cast<size_t>(std::max<int64_t>(c.live_bytes.load(), 0)), 0, c.created.load()};
 }
 
 BackendInfo WebGpuBackend::info() const {
@@ -131,7 +141,7 @@ Status WebGpuBackend::check_op(OpKind op, std::initializer_list<Tensor> operands
 
 Result<std::shared_ptr<Buffer>> WebGpuBackend::alloc(size_t bytes, BufferUsage usage) {
   KEV_TRY(require_device("alloc"));
-  auto buf = std::make_shared<GpuBuffer>(bytes, usage);
+  auto buf = std::make_shared<GpuBuffer>(bytes, usage, device_->counters());
   const uint64_t one_piece = std::min(limits_.max_binding, limits_.max_buffer);
   if (usage == BufferUsage::Weights && bytes > one_piece) return std::shared_ptr<Buffer>(buf);  // split at upload
   KEV_CHECK(bytes <= limits_.max_buffer, ErrorCode::Unsupported, "webgpu: a buffer of ", bytes,

@@ -51,7 +51,9 @@ namespace {
 // longer ones.
 Status reserve_memory(ModelRunner& runner, const Limits& lim) {
   constexpr int64_t kRows = 32;
-  auto score_pass = [&](const PrefixState& prefix, int64_t n) {
+  // A prefill of `state_tokens`, then one score pass of `n` row tokens over it.
+  auto reserve = [&](int64_t state_tokens, int64_t n) -> Status {
+    KEV_ASSIGN_OR_RETURN(PrefixState prefix, runner.prefill(std::vector<int32_t>(static_cast<size_t>(state_tokens), 0)));
     int64_t rows = (n + kRows - 1) / kRows;
     if (lim.max_questions > 0) rows = std::min(rows, lim.max_questions);
     ScorePass pass;
@@ -68,10 +70,6 @@ Status reserve_memory(ModelRunner& runner, const Limits& lim) {
       pass.decide_rows.push_back(end - 1);
     }
     return runner.score(prefix, pass).status();
-  };
-  auto reserve = [&](int64_t state_tokens, int64_t row_tokens) -> Status {
-    KEV_ASSIGN_OR_RETURN(PrefixState prefix, runner.prefill(std::vector<int32_t>(static_cast<size_t>(state_tokens), 0)));
-    return score_pass(prefix, row_tokens);
   };
   Status st = reserve(lim.max_prefix, lim.pass_token_budget);
   if (st.ok() && lim.max_context - 1 > lim.pass_token_budget) st = reserve(1, lim.max_context - 1);

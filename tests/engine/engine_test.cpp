@@ -30,6 +30,15 @@ Questions sample_questions() {
   };
 }
 
+// Options whose limits override the model's: the state limit and the state + row limit.
+Options with_limits(int64_t max_prefix, int64_t max_context) {
+  Options o;
+  o.override_limits = true;
+  o.limits.max_prefix = max_prefix;
+  o.limits.max_context = max_context;
+  return o;
+}
+
 Engine load_tiny(Options opts = {}) {
   auto e = Engine::load(test::tiny_model_dir(), opts);
   EXPECT_TRUE(e.ok()) << e.status().to_string();
@@ -187,10 +196,7 @@ TEST(Engine, PrefixContinuationEqualsFullRecompute) {
 // Reserving memory at load runs throw-away passes; they must leave nothing behind that a request sees:
 // the same answers bit for bit and the same placement report (its op counts start after the load).
 TEST(Engine, ReservingMemoryAtLoadChangesNoAnswer) {
-  Options plain;
-  plain.override_limits = true;
-  plain.limits.max_prefix = 64;
-  plain.limits.max_context = 160;
+  Options plain = with_limits(64, 160);
   plain.limits.pass_token_budget = 96;  // max_context − 1 > budget: the lone-row pass runs too
   Options reserved = plain;
   reserved.reserve_memory = true;
@@ -207,10 +213,7 @@ TEST(Engine, ReservingMemoryAtLoadChangesNoAnswer) {
 // State ids encoded by the caller (kev_server encodes on its request threads) give the same snapshot
 // as the text; ids the engine would never have produced are refused with the reason.
 TEST(Engine, PrefillTokensEqualsPrefillOfTheText) {
-  Options opts;
-  opts.override_limits = true;
-  opts.limits.max_prefix = 64;
-  opts.limits.max_context = 256;
+  Options opts = with_limits(64, 256);
   Engine e = load_tiny(opts);
   auto from_text = e.prefill(kState);
   ASSERT_TRUE(from_text.ok()) << from_text.status().to_string();
@@ -244,10 +247,7 @@ TEST(Engine, PrefillTokensEqualsPrefillOfTheText) {
 }
 
 TEST(Engine, RejectsBadRequestsWithClearErrors) {
-  Options opts;
-  opts.override_limits = true;
-  opts.limits.max_prefix = 16;
-  opts.limits.max_context = 64;
+  Options opts = with_limits(16, 64);
   Engine engine = load_tiny(opts);
 
   auto long_state = engine.prefill(kState);
@@ -282,10 +282,7 @@ TEST(Engine, RejectsBadRequestsWithClearErrors) {
 }
 
 TEST(Engine, TruncatesStatesOnlyWhenAsked) {
-  Options opts;
-  opts.override_limits = true;
-  opts.limits.max_prefix = 16;
-  opts.limits.max_context = 128;
+  Options opts = with_limits(16, 128);
   opts.truncate_states = true;
   Engine engine = load_tiny(opts);
   auto answers = engine.system_one(kState, {{"lang", Noul{"English?", "", ""}}});

@@ -1030,11 +1030,12 @@ std::vector<double> replayed_ms_per_op(const std::function<Status()>& sample, in
 
 // Timing of the attention kernel at Kev's passes: the 4b model (H = 16, Hkv = 4, hd = 256) over its
 // 2,187-token causal prefill, evaluations of 5 rows x 40 and 5 x 39 tokens (the long cached
-// evaluation's 195 row tokens) over that prefix and 6 rows x 37 over a 250-token prefix (the short
-// evaluation); the 0.8b model (H = 8, Hkv = 2) over a 250-token prefill and 6 rows x 37 over it; each
-// with the 3xTF32 products, then the FP16 ones. Each sample records 20 attention ops into one pass
-// (graphs on, as the forward) and synchronizes; the median sample per op is printed with the rate at
-// 4·H·hd FLOPs per visible (query, key) pair. Not a benchmark protocol. Run with
+// evaluation's 195 row tokens) over that prefix, 6 rows x 37 over a 250-token prefix (the short
+// evaluation) and that 250-token causal prefill; the 0.8b model (H = 8, Hkv = 2) over a 250-token
+// prefill and 6 rows x 37 over it; each with the 3xTF32 products, then the FP16 ones. Each sample
+// records 20 attention ops into one pass (graphs on, as the forward) and synchronizes; the median
+// sample per op is printed with the rate at 4·H·hd FLOPs per visible (query, key) pair. Not a
+// benchmark protocol. Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='CudaAttention.DISABLED_Timing'
 TEST(CudaAttention, DISABLED_Timing) {
   KEV_CUDA_OR_SKIP(tf32, true);
@@ -1050,7 +1051,8 @@ TEST(CudaAttention, DISABLED_Timing) {
   constexpr int kOpsPerSample = 20;
   for (Backend* gpu : {tf32.get(), f16.get()}) {
     for (const Pass& s : {Pass{16, 4, 0, 1, 2187}, Pass{16, 4, 2187, 5, 40}, Pass{16, 4, 2187, 5, 39},
-                          Pass{16, 4, 250, 6, 37}, Pass{8, 2, 0, 1, 250}, Pass{8, 2, 250, 6, 37}}) {
+                          Pass{16, 4, 250, 6, 37}, Pass{16, 4, 0, 1, 250}, Pass{8, 2, 0, 1, 250},
+                          Pass{8, 2, 250, 6, 37}}) {
       const int64_t n = s.rows * s.len, H = s.H, Hkv = s.Hkv, Lp = std::max<int64_t>(s.Ls, 1);
       SeqLayout layout;
       for (int64_t r = 0; r < s.rows; ++r) layout.offsets.push_back(static_cast<int32_t>((r + 1) * s.len));

@@ -36,15 +36,17 @@
 // rows start first. Key splits (flash-decoding): Kev's passes have few query tiles (250 tokens,
 // Hkv = 2: 32 blocks on a 132-SM GPU), so when ceil(n_tokens / T)·Hkv is under two blocks per SM the
 // block's key tiles are split evenly over S = attention_split_count() blocks (blockIdx.z; the backend
-// stores S in the args when it records the op): the S ≤ 16 (at least two key tiles a split) that
-// minimises waves × (key tiles per split + 1 for the Q load), waves counted at the blocks per SM the
-// kernel is compiled for, key tiles those of the longest possible query tile. Each split then writes
-// its rows' unnormalised output and running (max, sum) to the workspace, and a combine kernel (one
-// 64-thread block per (token, head)) merges them: m = max_s m_s, out = Σ_s e^{m_s−m} O_s /
-// Σ_s e^{m_s−m} l_s. A split that saw no visible key for a row contributes m_s = −inf, l_s = 0,
-// O_s = 0. S depends only on n_tokens, H, Hkv, hd, prefix_len and the device's SM count; the
-// workspace holds S·n_tokens·H·(hd + 2) floats when S > 1 (none at S = 1, where the block writes the
-// normalised output itself). A tile may span sequences: each row finds its sequence start in
+// stores S in the args when it records the op): the S (at least two key tiles a split) that
+// minimises waves × (key tiles per split + 1 for the Q load), key tiles those of the longest possible
+// query tile. The splits' rows are merged as m = max_s m_s, out = Σ_s e^{m_s−m} O_s / Σ_s e^{m_s−m} l_s
+// (a split that saw no visible key for a row contributes m_s = −inf, l_s = 0, O_s = 0). Here (3xTF32,
+// and FP16 before sm_90) S ≤ 16, waves are counted at the blocks per SM the kernel is compiled for,
+// each split writes its rows' unnormalised output and running (max, sum) to the workspace,
+// S·n_tokens·H·(hd + 2) floats, and a combine kernel (one 64-thread block per (token, head)) merges
+// them. With the FP16 products on sm_90 the S ≤ 8 blocks of a query tile run as one thread block
+// cluster (see "Cluster merge" below) and no combine kernel runs. S depends only on n_tokens, H, Hkv,
+// hd, prefix_len, f16 and the device; at S = 1 the block writes the normalised output itself (no
+// workspace for the 3xTF32 products). A tile may span sequences: each row finds its sequence start in
 // `offsets` (seq_start) and the block walks the own-key range [start of its first token's sequence,
 // its last token], masking key s for row (t, b_t) unless b_t <= s <= t. Prefix keys are visible to
 // every valid row.
@@ -69,7 +71,7 @@
 // 16-byte copies (output float2) when every base pointer is 16-byte aligned and every stride a
 // multiple of 4, scalar accesses otherwise.
 //
-// FP16 products (AttentionArgs::f16). The same query rows, masks, key splits and combine; S = Q·Kᵀ and
+// FP16 products (AttentionArgs::f16). The same query rows, masks, key splits and merges; S = Q·Kᵀ and
 // O += P·V on mma.sync.m16n8k16 with FP16 operands and FP32 accumulation, softmax in FP32.
 // Representation. FP16 keeps 11 significant bits (BF16 8: the rounding of q and k sets the scores'
 // absolute error, which softmax turns into relative error of every probability) but ends at 65,504,
@@ -96,7 +98,7 @@
 // registers (32 keys × hd 256 × K and V = 128 floats a thread) or an FP32 staging area that halves the
 // blocks per SM. The pre-pass moves 6 bytes per key element (4B long prefill: 27 MB; not timed on
 // its own: the whole op went from 1.29 to 0.37 ms there on the H200). Q is converted as it is loaded,
-// once per block, each warp its own 16 rows (row max over the warp).
+// once per block, each warp its own 16 rows (row max over the warp), eight rows' loads in flight.
 // Key tiles sit at multiples of 32 of the unified list, so a tile's scales are shared by all blocks:
 // a block visits every prefix tile, then those holding its own keys (the first may overlap the last
 // prefix tile or start in an earlier sequence; the masks hide those keys).
@@ -109,12 +111,35 @@
 // row % 8, so the 8 rows an ldmatrix phase reads hit distinct banks; tile i+1 copies during tile i's
 // products, one barrier per tile. 384·hd bytes + row data (hd 256: 97 KiB; two blocks per SM on
 // sm_90, one on sm_86/89); compiled for two blocks per SM (255 registers at hd 256), four at hd 64.
+// Cluster merge (FP16 products, sm_90). The S key splits of a query tile are one thread block cluster
+// (1 × 1 × S, S <= 8, the portable size): after its key loop each block writes its unnormalised rows
+// (times s_v) and (m, l) into its own shared memory, over Q and the K/V tiles; after a cluster barrier
+// block `rank` merges rows rank, rank + S, ... (a warp per row) reading all S blocks' rows through
+// distributed shared memory, and writes them to out; a second barrier keeps every block's shared
+// memory alive until the others have read it. No partial rows go through global memory and no combine
+// kernel runs: in Kev's small passes the combine (4B 6 × 37 rows: 4,000 64-thread blocks) had cost
+// about as much as the attention kernel. A cluster occupies a GPC's SMs whole, so fewer blocks may be
+// resident than without clusters: waves count the clusters cudaOccupancyMaxActiveClusters reports
+// (5-block clusters at 4B 5 × 40 rows over 2,187 keys, where the plain count had picked S = 5, timed
+// 0.13 ms against 0.09 unclustered). The 3xTF32 kernel keeps the combine kernel: at hd 256 it runs
+// one block per SM, so an S-block cluster needs S SMs of one GPC, and merged in clusters it timed
+// slower (4B 5 × 40 rows over 2,187 keys 0.281 → 0.322 ms, 0.8B 250-token prefill 34.6 → 39.5 µs;
+// faster only at 4B 6 × 37 rows over 250 keys, 66.3 → 58.4 µs). H200, `CudaAttention.DISABLED_Timing`,
+// FP16, 2026-12-01, against the combine kernel in the same run: 4B 6 × 37 rows over 250 keys 44.3 →
+// 35.7 µs, 0.8B 40.8 → 30.4, 0.8B 250-token prefill 31.0 → 29.8, the 2,187-token prefill (no splits)
+// 372 → 368; with the occupancy-counted waves (next run) 35.2, 30.9, 28.8 µs, 4B 5 × 40 rows over
+// 2,187 keys 90.9 µs (91.9 with the combine kernel), 4B 250-token prefill 33.8 µs (45.2 with the
+// plain count).
 #include "backend/cuda/attention.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/f16_rows.cuh"
@@ -136,6 +161,7 @@ constexpr int kThreads = 256;
 constexpr int kWarpRows = 16;  // one m16 tile of rows per warp; kRows / kWarpRows = 4 row groups
 constexpr int kMaxGridY = 65535;
 constexpr int kMaxSplits = 16;
+constexpr int kMaxClusterSplits = 8;  // the portable cluster size
 constexpr int kCombineThreads = 64;
 static_assert(kThreads / 32 == 2 * (kRows / kWarpRows), "two warps per row group (keys or columns halved)");
 static_assert(kThreads == 8 * kKeys, "the softmax maps 8 threads to a row pair of one tile");
@@ -195,6 +221,70 @@ __device__ __forceinline__ void store2(float* dst, float x, float y, bool vec) {
     dst[0] = x;
     dst[1] = y;
   }
+}
+
+// A split's partial rows as a cluster merges them (merge_cluster_splits): its unnormalised O rows
+// (pitch HD + 8: an accumulator pair store, row g and column 8j + 2t, meets each bank twice, the least
+// for 64 floats), then (m, l) per row in natural-log units. It reuses the block's Q and K/V space.
+template <int HD>
+struct ClusterPart {
+  static constexpr int kLd = HD + 8;
+  static constexpr int kML = kRows * kLd;
+  static constexpr size_t kBytes = (kML + 2 * kRows) * sizeof(float);
+};
+
+// The key splits of one query tile, launched as one thread block cluster (header: "Cluster merge"),
+// merge in distributed shared memory: each block has left its partial rows in its own shared memory
+// (ClusterPart); block `rank` merges rows rank, rank + S, ... (a warp per row) from all S blocks as
+// the combine kernel does and writes them to out.
+template <int HD>
+__device__ __forceinline__ void merge_cluster_splits(const AttentionArgs& a, const float* part, int q0, int kvh,
+                                                     int n_rows, bool vec) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's rows are in its shared memory
+  const int n_splits = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  const int G = a.H / a.Hkv, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const float* src[kMaxClusterSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxClusterSplits; ++s) src[s] = cluster.map_shared_rank(part, s < n_splits ? s : rank);
+  for (int row = rank + n_splits * static_cast<int>(threadIdx.x >> 5); row < n_rows; row += n_splits * warps) {
+    float2 ml[kMaxClusterSplits];
+    float m = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      ml[s] = s < n_splits ? *reinterpret_cast<const float2*>(src[s] + ClusterPart<HD>::kML + 2 * row)
+                           : make_float2(-INFINITY, 0.0f);
+      m = fmaxf(m, ml[s].x);
+    }
+    // m is finite: the split holding the row's own token saw at least that key.
+    float w[kMaxClusterSplits], l = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      w[s] = ml[s].x == -INFINITY ? 0.0f : expf(ml[s].x - m);
+      l += w[s] * ml[s].y;
+    }
+    const float inv = 1.0f / l;
+    const int64_t t = q0 + row / G, h = kvh * G + row % G;
+    float* dst = a.out + t * a.out_token_stride + h * a.out_head_stride;
+#pragma unroll
+    for (int c = 4 * lane; c < HD; c += 128) {
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        if (s < n_splits) {
+          const float4 x = *reinterpret_cast<const float4*>(src[s] + row * ClusterPart<HD>::kLd + c);
+          acc = make_float4(fmaf(w[s], x.x, acc.x), fmaf(w[s], x.y, acc.y), fmaf(w[s], x.z, acc.z),
+                            fmaf(w[s], x.w, acc.w));
+        }
+      }
+      store2(dst + c, acc.x * inv, acc.y * inv, vec);
+      store2(dst + c + 2, acc.z * inv, acc.w * inv, vec);
+    }
+  }
+  cluster.sync();
+#endif
 }
 
 // The keys of key tile kt: prefix keys s0.. (< s_end = prefix_len) or own keys s0.. (<= the block's
@@ -542,7 +632,7 @@ __device__ __forceinline__ int swz(int r, int c) {
 }
 
 // The FP16 copies in the workspace: K and V [L, Hkv, hd] with L = tiles·kKeys, (s_k, s_v) per (tile,
-// KV head), then the splits' partial rows.
+// KV head), then the splits' partial rows (none where the splits merge in a cluster).
 struct F16Copies {
   int64_t tiles = 0;
   size_t kv_halves = 0;  // of K, and of V
@@ -600,8 +690,9 @@ __global__ void __launch_bounds__(kConvertThreads)
 template <int HD>
 __global__ void __launch_bounds__(kThreadsF16, f16_blocks_per_sm(HD))
     attention_f16_kernel(AttentionArgs a, const __half* kh, const __half* vh, const float2* scales,
-                         int tokens_per_tile, bool vec, float* part_o, float2* part_ml) {
+                         int tokens_per_tile, bool vec, float* part_o, float2* part_ml, bool cluster) {
   using Lay = F16Layout<HD>;
+  static_assert(ClusterPart<HD>::kBytes <= Lay::kHalves * sizeof(__half), "a split's rows fit its shared memory");
   constexpr int NK = HD / 16;            // k-steps of the scores
   constexpr int NO = HD / 8;             // m16n8 output tiles per warp
   constexpr int NS = kKeys / 8;          // m16n8 score tiles per warp
@@ -657,8 +748,9 @@ __global__ void __launch_bounds__(kThreadsF16, f16_blocks_per_sm(HD))
     row_hi[tid] = hi;
   }
   const int rb = kWarpRows * warp;
-  // The warp's q rows as FP16 under a power-of-two scale per row (f16_rows.cuh's rule).
-#pragma unroll 4
+  // The warp's q rows as FP16 under a power-of-two scale per row (f16_rows.cuh's rule), eight rows'
+  // loads in flight at a time.
+#pragma unroll 8
   for (int rr = 0; rr < kWarpRows; ++rr) {
     const int r = rb + rr;
     const float* src = nullptr;
@@ -793,6 +885,23 @@ __global__ void __launch_bounds__(kThreadsF16, f16_blocks_per_sm(HD))
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
   }
   // Lane (g, t4) holds columns 8j + 2t4 (+1) of rows rb + g (o[j][0..1]) and rb + g + 8 (o[j][2..3]).
+  if (cluster) {
+    // A split of a cluster: its partial rows (O in units of 1, m in natural units) into its own shared
+    // memory, merged there.
+    __syncthreads();  // every warp is done with Q and the K/V tiles, which the rows overwrite
+    using Part = ClusterPart<HD>;
+    float* part = reinterpret_cast<float*>(smem_raw);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = rb + g + 8 * half;
+      if (t4 == 0) store2(part + Part::kML + 2 * row, m_run[half] * kLn2, l[half], true);
+      float* prow = part + row * Part::kLd + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < NO; ++j) store2(prow + 8 * j, o[j][2 * half] * sv, o[j][2 * half + 1] * sv, true);
+    }
+    merge_cluster_splits<HD>(a, part, q0, kvh, n_rows, vec);
+    return;
+  }
   if (part_o != nullptr) {
     // A partial result: unnormalised rows and their (max, sum), m in natural units as the combine
     // kernel expects.
@@ -826,12 +935,105 @@ int query_tiles(const AttentionArgs& a) {
   return (a.n_tokens + tokens_per_tile - 1) / tokens_per_tile;
 }
 
+// The FP16 kernel for a.hd, its block size and shared memory, opted into that memory once per process
+// (the first call comes before any graph capture that launches it).
+struct KernelShape {
+  const void* fn;
+  int threads;
+  size_t bytes;
+  cudaError_t opt_in;
+};
+
+template <int HD>
+KernelShape f16_kernel() {
+  constexpr size_t bytes = F16Layout<HD>::kBytes;
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      attention_f16_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  return {reinterpret_cast<const void*>(attention_f16_kernel<HD>), kThreadsF16, bytes, opt_in};
+}
+
+KernelShape f16_kernel_shape(int hd) {
+  switch (hd) {
+    case 64:
+      return f16_kernel<64>();
+    case 128:
+      return f16_kernel<128>();
+    default:
+      return f16_kernel<256>();
+  }
+}
+
+// Clusters of `splits` blocks of a's kernel resident on the current device at once, or 0 when its
+// splits do not merge in a cluster (header: "Cluster merge"): the 3xTF32 products, a device that
+// launches no clusters, kernel code built for an architecture before sm_90 (an sm_80 build running
+// there has no cluster merge compiled in), or splits outside 2..kMaxClusterSplits. Asked of the
+// driver once per (device, hd, splits): the op is recorded on every pass.
+int resident_clusters(const AttentionArgs& a, int splits) {
+  if (!a.f16 || splits < 2 || splits > kMaxClusterSplits) return 0;
+  const KernelShape k = f16_kernel_shape(a.hd);
+  int device = 0;
+  if (k.opt_in != cudaSuccess || cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int>, int> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, k.fn, splits);
+  const auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  int launches = 0, n = 0;
+  cudaFuncAttributes attr = {};
+  cudaLaunchAttribute cluster[1] = {};
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = 1;
+  cluster[0].val.clusterDim.y = 1;
+  cluster[0].val.clusterDim.z = splits;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1, 1, splits);
+  cfg.blockDim = dim3(k.threads);
+  cfg.dynamicSmemBytes = k.bytes;
+  cfg.attrs = cluster;
+  cfg.numAttrs = 1;
+  if (cudaDeviceGetAttribute(&launches, cudaDevAttrClusterLaunch, device) != cudaSuccess ||
+      cudaFuncGetAttributes(&attr, k.fn) != cudaSuccess || launches == 0 || attr.binaryVersion < 90 ||
+      cudaOccupancyMaxActiveClusters(&n, k.fn, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    n = 0;
+  }
+  known.emplace(key, n);
+  return n;
+}
+
+bool cluster_merge(const AttentionArgs& a) { return resident_clusters(a, a.splits) > 0; }
+
+// Launches `kernel` on grid (tiles, Hkv, S) with each query tile's S key splits as one cluster.
+template <typename... Params, typename... Args>
+cudaError_t launch_clustered(void (*kernel)(Params...), dim3 grid, int threads, size_t bytes, cudaStream_t stream,
+                             Args... args) {
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = grid.z;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args...);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
 }  // namespace
 
 // Key splits per query tile. None when the query tiles alone give two blocks per SM. Otherwise the S
 // that minimises the pass's time in units of a key tile: waves of resident blocks × (the longest
-// query tile's key tiles per split + 1, the split's Q load), among S = 1..16 with at least two key
-// tiles a split (each split reloads its Q tile); the largest such S on ties (shorter blocks).
+// query tile's key tiles per split + 1, the split's Q load), among S = 1..16 (1..8 where the splits
+// merge in a cluster) with at least two key tiles a split (each split reloads its Q tile); the
+// largest such S on ties (shorter blocks).
 int attention_split_count(const AttentionArgs& a) {
   if (!attention_supported(a.H, a.Hkv, a.hd)) return 1;
   if (a.n_tokens <= 0) return 1;
@@ -846,10 +1048,16 @@ int attention_split_count(const AttentionArgs& a) {
   const int64_t resident = static_cast<int64_t>(sms) * (a.f16 ? f16_blocks_per_sm(a.hd) : blocks_per_sm(a.hd));
   // The most key tiles any block can visit: all prefix tiles and, within the pass, up to n_tokens keys.
   const int64_t max_tiles = (a.prefix_len + kKeys - 1) / kKeys + (a.n_tokens + kKeys - 1) / kKeys + 1;
-  const int64_t most = max_tiles / 2 < kMaxSplits ? max_tiles / 2 : kMaxSplits;
+  const bool clusters = resident_clusters(a, 2) > 0;
+  const int64_t cap = clusters ? kMaxClusterSplits : kMaxSplits;
+  const int64_t most = max_tiles / 2 < cap ? max_tiles / 2 : cap;
   int64_t best = 1, best_cost = ((base + resident - 1) / resident) * (max_tiles + 1);
   for (int64_t s = 2; s <= most; ++s) {
-    const int64_t cost = ((base * s + resident - 1) / resident) * ((max_tiles + s - 1) / s + 1);
+    // With clusters (one per query tile and KV head), a wave is the clusters resident at once.
+    const int64_t in_wave = clusters ? resident_clusters(a, static_cast<int>(s)) : resident;
+    const int64_t units = clusters ? base : base * s;
+    if (in_wave == 0) continue;
+    const int64_t cost = ((units + in_wave - 1) / in_wave) * ((max_tiles + s - 1) / s + 1);
     if (cost <= best_cost) {
       best = s;
       best_cost = cost;
@@ -891,10 +1099,9 @@ cudaError_t launch_hd(const AttentionArgs& a, void* workspace, cudaStream_t stre
 
 template <int HD>
 cudaError_t launch_f16_hd(const AttentionArgs& a, void* workspace, cudaStream_t stream) {
-  constexpr size_t bytes = F16Layout<HD>::kBytes;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      attention_f16_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (attr != cudaSuccess) return attr;
+  const KernelShape k = f16_kernel<HD>();
+  if (k.opt_in != cudaSuccess) return k.opt_in;
+  const size_t bytes = k.bytes;
   if (workspace == nullptr) return cudaErrorInvalidValue;
   const F16Copies copies = f16_copies(a);
   __half* kh = static_cast<__half*>(workspace);
@@ -914,12 +1121,17 @@ cudaError_t launch_f16_hd(const AttentionArgs& a, void* workspace, cudaStream_t 
   const dim3 grid(query_tiles(a), a.Hkv, splits);
   float* part_o = nullptr;
   float2* part_ml = nullptr;
+  if (splits > 1 && cluster_merge(a)) {
+    return launch_clustered(attention_f16_kernel<HD>, grid, kThreadsF16, bytes, stream, a,
+                            static_cast<const __half*>(kh), static_cast<const __half*>(vh),
+                            static_cast<const float2*>(scales), tokens_per_tile, vec, part_o, part_ml, true);
+  }
   if (splits > 1) {
     part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + copies.bytes);
     part_ml = reinterpret_cast<float2*>(part_o + static_cast<int64_t>(splits) * a.n_tokens * a.H * HD);
   }
   attention_f16_kernel<HD><<<grid, kThreadsF16, bytes, stream>>>(a, kh, vh, scales, tokens_per_tile, vec, part_o,
-                                                                  part_ml);
+                                                                  part_ml, false);
   err = cudaGetLastError();
   if (err != cudaSuccess || splits == 1) return err;
   const unsigned pairs = static_cast<unsigned>(static_cast<int64_t>(a.n_tokens) * a.H);
@@ -936,7 +1148,7 @@ bool attention_supported(int H, int Hkv, int hd) {
 
 size_t attention_workspace_bytes(const AttentionArgs& a) {
   if (!attention_supported(a.H, a.Hkv, a.hd) || a.n_tokens <= 0) return 0;
-  const size_t partials = a.splits <= 1 ? 0
+  const size_t partials = a.splits <= 1 || cluster_merge(a) ? 0
                                         : static_cast<size_t>(a.splits) * static_cast<size_t>(a.n_tokens) *
                                               static_cast<size_t>(a.H) * static_cast<size_t>(a.hd + 2) * sizeof(float);
   return (a.f16 ? f16_copies(a).bytes : 0) + partials;

@@ -32,12 +32,12 @@ struct AttentionArgs {
   bool f16 = false;
 };
 
-// The key splits for these shapes on the current device (1..16; see attention.cu). Depends only on
-// n_tokens, H, Hkv, hd, prefix_len, f16 and the device's SM count.
+// The key splits for these shapes on the current device (1..16, 1..8 where they merge in a thread
+// block cluster; see attention.cu). Depends only on n_tokens, H, Hkv, hd, prefix_len, f16 and the device.
 int attention_split_count(const AttentionArgs& a);
 
 // Scratch bytes (may be 0) for a.splits and a.f16; depends only on shapes, n_tokens, prefix_len,
-// a.splits and a.f16.
+// a.splits, a.f16 and the device.
 size_t attention_workspace_bytes(const AttentionArgs& a);
 
 // Enqueues the kernel(s) on `stream`; launch configuration depends only on shapes, n_tokens, n_seqs and
@@ -49,8 +49,9 @@ cudaError_t launch_attention(const AttentionArgs& a, void* workspace, cudaStream
 // pointers when prefix_len > 0 (cudaErrorInvalidValue otherwise); n_tokens == 0 launches nothing.
 // The kernel applies `scale` itself (q unscaled). Any strides and alignment are accepted (float4
 // accesses when aligned). The workspace (attention_workspace_bytes, 16-byte aligned) holds the key
-// splits' partial rows and, with f16, the FP16 copies of the keys and values; it is 0 bytes for the
-// 3xTF32 products when the pass fills the GPU without splitting.
+// splits' partial rows (none where they merge in a cluster: FP16 products on sm_90) and, with f16,
+// the FP16 copies of the keys and values; it is 0 bytes for the 3xTF32 products when the pass fills
+// the GPU without splitting.
 bool attention_supported(int H, int Hkv, int hd);
 
 }  // namespace kev::cuda

@@ -183,6 +183,66 @@ std::vector<OpCase> attention_extra_cases() {
   return c;
 }
 
+// The float4 warp-per-row norms hold 256 floats of a row per warp in registers: rows longer than that
+// (here 3 chunks, the last partial) re-read their earlier chunks after the reduction.
+std::vector<OpCase> norm_chunk_cases() {
+  constexpr float eps = 1e-6f;
+  const int64_t n = 9, d = 520;
+  std::vector<OpCase> c;
+  ArgSpec x = in("x", {n, d}, normal(0.3, 2.0));
+  x.role = optest::Role::InOut;
+  c.push_back(OpCase{OpKind::AddRmsNorm,
+                     "n=9,d=520,chunks",
+                     {x, in("y", {n, d}, normal(0, 1.0)), in("w", {d}, normal(0, 0.1)), out("out", {n, d})},
+                     kTolReduction,
+                     [=](Backend& b, const std::vector<Tensor>& t) {
+                       return b.add_rms_norm(t[0], t[1], t[2], eps, t[3]);
+                     }});
+  OpCase rms{OpKind::RmsNorm, "in_place,n=9,d=520,chunks", {x, in("w", {d}, normal(0, 0.1))}, kTolReduction,
+             [=](Backend& b, const std::vector<Tensor>& t) { return b.rms_norm(t[0], t[1], eps, t[0]); }};
+  rms.desc = [](const std::vector<Tensor>& t) { return std::vector<Tensor>{t[0], t[1], t[0]}; };
+  c.push_back(rms);
+  c.push_back(OpCase{OpKind::L2Norm,
+                     "n=9,d=520,chunks",
+                     {in("x", {n, d}, normal(0, 1.5)), out("out", {n, d})},
+                     kTolReduction,
+                     [=](Backend& b, const std::vector<Tensor>& t) { return b.l2_norm(t[0], eps, 0.5f, t[1]); }});
+  c.push_back(OpCase{OpKind::RmsNormGated,
+                     "n=9,Hv=2,dv=520,chunks",
+                     {in("o", {n, 2, d}, normal(0, 0.5)), in("z", {n, 2, d}, normal(0, 2)),
+                      in("w", {d}, normal(1.0, 0.1)), out("out", {n, 2, d})},
+                     kTolReduction,
+                     [=](Backend& b, const std::vector<Tensor>& t) {
+                       return b.rms_norm_gated(t[0], t[1], t[2], eps, t[3]);
+                     }});
+  return c;
+}
+
+// rope's threads take 4 heads each: head counts that leave the last group partial, and the 4B q at a
+// short pass's size.
+std::vector<OpCase> rope_head_group_cases() {
+  struct R {
+    int64_t H;
+    int64_t pos0;
+    std::vector<int64_t> seqs;
+  };
+  std::vector<OpCase> c;
+  for (const R& r : {R{6, 40, {5, 30, 2}}, R{1, 0, {17}}, R{16, 250, {37, 37, 37, 37, 36, 36}}}) {
+    int64_t n = 0;
+    for (int64_t l : r.seqs) n += l;
+    const SeqLayout layout = layout_of(r.seqs, r.pos0, true);
+    ArgSpec x = padded(in("x", {n, r.H, 256}, normal(0, 1.5)), 0, 256);
+    x.role = optest::Role::InOut;
+    c.push_back(OpCase{OpKind::Rope,
+                       "H=" + std::to_string(r.H) + ",hd=256,n_rot=64,pos0=" + std::to_string(r.pos0) +
+                           ",seqs=" + lengths_str(r.seqs) + ",view",
+                       {x},
+                       kTolReduction,
+                       [=](Backend& b, const std::vector<Tensor>& t) { return b.rope(t[0], layout, 64, 1e7); }});
+  }
+  return c;
+}
+
 const std::vector<OpCase>& cuda_extra_cases() {
   static const std::vector<OpCase> cases = [] {
     std::vector<OpCase> c;
@@ -210,6 +270,13 @@ const std::vector<OpCase>& cuda_extra_cases() {
     c.push_back(optest::conv_case(1030, 4, {500, 0, 2, 700, 17}, true, false, 0));
     c.push_back(optest::conv_case(512, 4, {1, 1023, 40}, true, false, 96));
     c.push_back(optest::conv_case(64, 6, {1030}, true, true, 0));
+    // The 4-token-run conv kernel at the 4B question rows (x a view of the 12,352-wide in_proj rows), a
+    // state taken from the prefix of a pass shorter than K, and K = 3 (taps right-aligned in the run).
+    c.push_back(optest::conv_case(8192, 4, {37, 37, 37, 37, 36, 36}, true, false, 4160));
+    c.push_back(optest::conv_case(8192, 4, {2}, true, true, 0));
+    c.push_back(optest::conv_case(64, 3, {5, 1, 9}, true, false, 0));
+    for (OpCase& a : norm_chunk_cases()) c.push_back(std::move(a));
+    for (OpCase& a : rope_head_group_cases()) c.push_back(std::move(a));
     for (OpCase& a : attention_extra_cases()) c.push_back(std::move(a));
     return c;
   }();
@@ -380,8 +447,9 @@ TEST(CudaMatmul, HalfWeightsMatchWidenedReference) {
   };
   const std::shared_ptr<Backend> rounded = cuda_backend_with(CudaGemm::BF16);
   ASSERT_TRUE(rounded);
+  // k = 16,400 and 4,098: rows past one register chunk of the FP16 conversion kernel (float4 and scalar).
   for (const Shape& s : {Shape{33, 1024, 3584, false}, Shape{7, 2560, 256, true}, Shape{1, 1024, 300, false},
-                         Shape{130, 1024, 67, true}}) {
+                         Shape{130, 1024, 67, true}, Shape{3, 16400, 40, true}, Shape{5, 4098, 64, false}}) {
     const std::vector<float> x = testing::randn(static_cast<size_t>(s.n * s.k), 1.0f, 11);
     const std::vector<uint16_t> w = half_exact_weights(static_cast<size_t>(s.m * s.k), 0.03f, 12);
     const std::vector<float> bias = s.bias ? testing::randn(static_cast<size_t>(s.m), 1.0f, 13) : std::vector<float>{};
@@ -508,6 +576,11 @@ TEST(CudaMatmul, ProducerWritingTheF16InputKeepsTheBits) {
       {"add_rms_norm, half rows", Producer::AddRmsNorm, 21, 1, 1024, 64, 1.0f, false, 2},
       {"rms_norm_gated, other x", Producer::RmsNormGated, 13, 32, 128, 64, 1.0f, true, 1},
       {"swiglu, half rows", Producer::Swiglu, 13, 1, 2048, 64, 1.0f, false, 2},
+      // Rows past one chunk of the row kernels (swiglu: 4,100 float4s over 1,024 threads; the gated
+      // norm: 520-float head rows over a warp's 256) and a block of 448 threads (0.8B swiglu).
+      {"swiglu long rows", Producer::Swiglu, 5, 1, 16400, 48, 1.0f, true, 0},
+      {"swiglu 0.8b", Producer::Swiglu, 14, 1, 3584, 48, 1.0f, true, 0},
+      {"rms_norm_gated long rows", Producer::RmsNormGated, 14, 4, 520, 48, 1.0f, true, 0},
   };
   for (const ProducerMatmulCase& c : cases) {
     SCOPED_TRACE(c.name);

@@ -6,21 +6,25 @@
 //   state_out[c, j] = in(L−K+j, c), j < K, for the single sequence of length L = n_tokens.
 //
 // Layout: x, out [n, C] (row strides free), w / prefix / state_out [C, K] contiguous.
-// Launch, passes of fewer than 1,024 tokens (question rows, short states) or K > 4: conv_kernel,
-// grid (n, ceil(C / (V·256))), 256 threads; a thread owns a token and V consecutive channels (V = 4,
-// float4 loads and stores, when C, the row strides and the x / out base pointers allow; else V = 1)
-// and finds its sequence by binary search over the device offsets. Longer passes with K <= 4:
-// conv_run_kernel, grid (ceil(n / 16), ceil(C / (V·128))), 128 threads; a thread owns V channels and
-// a run of 16 tokens, loads the run's inputs and the 3 rows before it into registers in one unrolled
-// burst (rows of another sequence are loaded but never used), finds the run's first sequence by
-// binary search and steps to the next one at each boundary inside the run. Measured on the H200 (4B,
-// C = 8192): 2,187 tokens 108 us with runs against 165 per token; 220 question-row tokens 26 us per
-// token against 31.5 with runs (too few threads). Both accumulate the K taps in FP32 in tap order;
-// the grids depend only on n and C, never on the offsets.
-// state_out: one thread per channel (ceil(C/256) blocks) walking j upwards —
-// state_out may be the identical view of state_in, and column j reads column L+j > j of the same channel
-// before that column is overwritten, so one thread per channel is race-free. It runs after the conv
-// kernel in stream order, so the conv has read the prefix before it changes.
+// Launch, K <= 4: conv_run_kernel<V, R>, grid (ceil(n / R), ceil(C / (V·128))), 128 threads; a thread
+// owns V consecutive channels (V = 4, float4 loads and stores, when C, the row strides and the x / out
+// base pointers allow; else V = 1) and a run of R tokens, loads the run's inputs and the 3 rows before
+// it into registers in one unrolled burst (rows of another sequence are loaded but never used), finds
+// the run's first sequence by binary search and steps to the next one at each boundary inside the run.
+// R = 16 for passes of 1,024 tokens or more (each input row fetched 19/16 times, not K times), else
+// R = 4: the grid of a few hundred tokens then still has ~1,000 blocks (4B, 250 tokens: 63 x 16) with
+// 7 independent float4 loads per thread in flight. Measured on the H200 (4B, C = 8192): 2,187 tokens
+// 108 us with 16-token runs against 165 with a thread per (token, 4 channels); 220 question-row tokens
+// 26 us per (token, 4 channels) thread (each input row loaded K times, the weights once per token)
+// against 31.5 with 16-token runs (224 blocks: too few threads). K > 4: conv_kernel, grid (n, ceil(C / (V·256))),
+// 256 threads, a thread per token and V channels, finding its sequence by binary search. All accumulate
+// the K taps in FP32 in tap order, so a token's result does not depend on the kernel or run length; the
+// grids depend only on n and C, never on the offsets.
+// state_out: one thread per channel (ceil(C/256) blocks) loading its K values (4 at a time) before
+// storing them — state_out may be the identical view of state_in, and column j reads column L+j >= j of
+// the same channel, which no earlier store of that thread has written, so it is race-free (the loads
+// first: one memory round trip instead of K dependent ones, which aliasing forced on the compiler). It
+// runs after the conv kernel in stream order, so the conv has read the prefix before it changes.
 #include "backend/cuda/device_math.cuh"
 
 namespace kev::cuda {
@@ -79,12 +83,12 @@ __global__ void conv_kernel(ConvArgs a) {
   store_silu<V>(a.out + t * a.out_stride + c, acc);
 }
 
-// Long passes: a thread walks kRun consecutive tokens of V channels with the run's inputs (and the
-// K − 1 rows before it) in registers, so each input row is fetched once instead of K times.
-constexpr int kRun = 16, kRunThreads = 128, kMaxRunK = 4;
-constexpr int64_t kRunMinTokens = 1024;
+// A thread walks kRun consecutive tokens of V channels with the run's inputs (and the K − 1 rows
+// before it) in registers, so each input row is fetched once per run instead of K times.
+constexpr int kRunThreads = 128, kMaxRunK = 4, kLongRun = 16, kShortRun = 4;
+constexpr int64_t kLongRunMinTokens = 1024;
 
-template <int V>
+template <int V, int kRun>
 __global__ void __launch_bounds__(kRunThreads) conv_run_kernel(ConvArgs a) {
   const int64_t c = (static_cast<int64_t>(blockIdx.y) * kRunThreads + threadIdx.x) * V;
   if (c >= a.C) return;
@@ -140,21 +144,29 @@ __global__ void __launch_bounds__(kRunThreads) conv_run_kernel(ConvArgs a) {
 }
 
 __global__ void conv_state_kernel(ConvArgs a) {
+  constexpr int kBurst = 4;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= a.C) return;
   const int64_t L = a.n_tokens;
-  for (int64_t j = 0; j < a.K; ++j) {
-    const int64_t i = L - a.K + j;
-    float v = 0.0f;
-    if (i >= 0) {
-      v = a.x[i * a.x_stride + c];
-    } else if (a.prefix) {
-      v = a.prefix[c * a.K + a.K + i];
+  for (int64_t j0 = 0; j0 < a.K; j0 += kBurst) {
+    float v[kBurst];
+#pragma unroll
+    for (int u = 0; u < kBurst; ++u) {
+      const int64_t j = j0 + u, i = L - a.K + j;
+      v[u] = 0.0f;
+      if (j >= a.K) continue;
+      if (i >= 0) {
+        v[u] = a.x[i * a.x_stride + c];
+      } else if (a.prefix) {
+        v[u] = a.prefix[c * a.K + a.K + i];
+      }
     }
-    a.state_out[c * a.K + j] = v;
+#pragma unroll
+    for (int u = 0; u < kBurst; ++u) {
+      if (j0 + u < a.K) a.state_out[c * a.K + j0 + u] = v[u];
+    }
   }
 }
-
 
 }  // namespace
 
@@ -164,13 +176,20 @@ cudaError_t launch_causal_conv1d_silu(const ConvArgs& a, cudaStream_t stream) {
     const bool vec4 = a.C % 4 == 0 && (a.n_tokens == 1 || (a.x_stride % 4 == 0 && a.out_stride % 4 == 0)) &&
                       aligned16(a.x) && aligned16(a.out);
     const int V = vec4 ? 4 : 1;
-    if (a.n_tokens >= kRunMinTokens && a.K <= kMaxRunK) {
-      const dim3 grid(static_cast<unsigned>((a.n_tokens + kRun - 1) / kRun),
+    if (a.K <= kMaxRunK) {
+      const int run = a.n_tokens >= kLongRunMinTokens ? kLongRun : kShortRun;
+      const dim3 grid(static_cast<unsigned>((a.n_tokens + run - 1) / run),
                       static_cast<unsigned>((a.C + V * kRunThreads - 1) / (V * kRunThreads)));
-      if (vec4) {
-        conv_run_kernel<4><<<grid, kRunThreads, 0, stream>>>(a);
+      if (run == kLongRun) {
+        if (vec4) {
+          conv_run_kernel<4, kLongRun><<<grid, kRunThreads, 0, stream>>>(a);
+        } else {
+          conv_run_kernel<1, kLongRun><<<grid, kRunThreads, 0, stream>>>(a);
+        }
+      } else if (vec4) {
+        conv_run_kernel<4, kShortRun><<<grid, kRunThreads, 0, stream>>>(a);
       } else {
-        conv_run_kernel<1><<<grid, kRunThreads, 0, stream>>>(a);
+        conv_run_kernel<1, kShortRun><<<grid, kRunThreads, 0, stream>>>(a);
       }
     } else {
       const dim3 grid(static_cast<unsigned>(a.n_tokens),

@@ -16,17 +16,24 @@
 // Launch: binary maps: one thread per float4 (when d, every row stride and every base pointer allow
 // 16-byte access; else per float) of the flattened [rows, d] space, 256 per block, grid.x =
 // ceil(rows·d / (4·256)); when the map also writes the FP16 copy of its out for the next matmul
-// (binary_half, float4 path only, f16_rows.cuh's rule): one 256-thread block per GEMM row (`group`
-// rows of out: sigmoid_mul's H heads of a token), the row's max needing the whole row; each thread
-// converts the float4s it wrote. copy: one thread per element of the flattened [rows, d] space, 256 per
+// (binary_half, float4 path only, f16_rows.cuh's rule): one block per GEMM row (`group` rows of out:
+// sigmoid_mul's H heads of a token), the row's max needing the whole row, of about one thread per two
+// float4s of the row (row_threads: 32..1,024; 4B swiglu's 2,304 float4s get 1,024 threads), a thread
+// issuing all its loads of x and y (up to 4 float4s each per chunk) before computing, and converting
+// the outputs it holds in registers (rows past 4,096 float4s: earlier chunks read back). The earlier
+// 256-thread block looping over the row with one pair of loads in flight ran at ~15 % of DRAM
+// bandwidth (4B short prefill, 250 x 9216 swiglu: 25.3 us under Nsight Compute); holding 12 float4s a
+// thread in 256-thread blocks had been tried before and was slower (101 → 170 us on the long prefill),
+// so the block grows with the row instead. copy: one thread per element of the flattened [rows, d] space, 256 per
 // block (F32 to F32 under the binary maps' float4 conditions: one thread per float4; the per-element
 // kernel reached 1.67 TB/s on the H200, which kev_benchmark --ceilings reported as the copy ceiling).
 // gdn_gates: one thread per (token, head), 256 per block. f32_to_bf16_rows: grid
 // (n, min(ceil(k / (4·256)), 65535)), a thread converting 4 consecutive values (float4 in, 8 bytes
 // out) per step when x's rows are 16-byte aligned and k % 4 == 0, else one value per step (grid.y
-// from ceil(k / 256)). f32_to_f16_rows_scaled and scale_bias_rows: one 256-thread block per row (the
-// row's max needs the whole row; it is read twice, the second time from L1/L2), the conversion with
-// float4 loads and 8-byte stores under f32_to_bf16_rows' conditions. An output may be the identical
+// from ceil(k / 256)). f32_to_f16_rows_scaled: one block per row of row_threads(k / 4) threads as
+// binary_half (the row's max needs the whole row), the row loaded in one burst and converted from
+// registers, with float4 loads and 8-byte stores under f32_to_bf16_rows' conditions (else per value).
+// scale_bias_rows: one 256-thread block per row. An output may be the identical
 // view of an input: each element is read by the thread that writes it, before it writes it.
 // Binary maps right after the F16-weight matmul that wrote x and y (swiglu's gate and up; in_scales):
 // the thread reading an element multiplies it by its row's scale and stores the product back where the
@@ -99,29 +106,81 @@ __global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, 
   }
 }
 
-// One block per GEMM row (`group` rows of d floats): the map as binary_kernel computes it, stored, then
-// the block's max and the FP16 copy, each thread converting the float4s it wrote.
+// The per-row kernels that need a row's max before converting (binary_half, f32_to_f16_rows_scaled):
+// a block of row_threads(v) threads per row of v vectors, a thread holding up to kRowVecs of them in
+// registers per chunk of blockDim.x · kRowVecs, all its loads of a chunk issued before any use; rows
+// up to 1,024 · kRowVecs vectors are one chunk and are converted from registers, longer ones re-read
+// their earlier chunks (their own writes) for the conversion.
+constexpr int kRowVecs = 4, kMaxRowThreads = 1024;
+
+// About two vectors a thread: more threads in flight than bytes per thread.
+unsigned row_threads(int64_t vecs) {
+  return static_cast<unsigned>(std::clamp<int64_t>((vecs + 63) / 64 * 32, 32, kMaxRowThreads));
+}
+
+// One block per GEMM row (`group` rows of d floats): the map as binary_kernel computes it, stored,
+// then the block's max and the FP16 copy.
 template <BinaryKind kKind>
-__global__ void binary_half_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales,
-                                   float* out, Rows outr, uint32_t dv, uint32_t group, __half* half, float* scales) {
-  __shared__ float part[kThreads / 32];
-  const uint32_t per_row = group * dv;
+__global__ void __launch_bounds__(kMaxRowThreads)
+    binary_half_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales, float* out,
+                       Rows outr, uint32_t dv, uint32_t group, __half* half, float* scales) {
+  __shared__ float part[kMaxRowThreads / 32];
+  const uint32_t per_row = group * dv, chunk = blockDim.x * kRowVecs;
+  // Element e of the GEMM row: float4 `col / 4` of row `row` of x, y and out.
+  auto at = [&](uint32_t e, uint32_t& row, uint32_t& col) {
+    const uint32_t sub = e / dv;
+    col = (e - sub * dv) * 4, row = blockIdx.x * group + sub;
+  };
+  float4 o[kRowVecs];
   float mx = 0.0f;
-  for (uint32_t e = threadIdx.x; e < per_row; e += kThreads) {
-    const uint32_t sub = e / dv, col = (e - sub * dv) * 4, row = blockIdx.x * group + sub;
-    float4 a, b;
-    load_rescaled<4>(x + row_offset(xr, row) + col, y + row_offset(yr, row) + col, row_scale(in_scales, row), a, b);
-    const float4 o = make_float4(binary_op<kKind>(a.x, b.x), binary_op<kKind>(a.y, b.y), binary_op<kKind>(a.z, b.z),
-                                 binary_op<kKind>(a.w, b.w));
-    *reinterpret_cast<float4*>(out + row_offset(outr, row) + col) = o;
-    mx = fmaxf(mx, abs_max(o));
+  uint32_t base = 0;
+  for (;; base += chunk) {
+    // Every load of the chunk first: out may be the identical view of x or y, which would otherwise
+    // order each load after the previous element's store.
+    float4 a[kRowVecs], b[kRowVecs];
+#pragma unroll
+    for (int u = 0; u < kRowVecs; ++u) {
+      const uint32_t e = base + threadIdx.x + u * blockDim.x;
+      if (e < per_row) {
+        uint32_t row, col;
+        at(e, row, col);
+        a[u] = *reinterpret_cast<const float4*>(x + row_offset(xr, row) + col);
+        b[u] = *reinterpret_cast<const float4*>(y + row_offset(yr, row) + col);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowVecs; ++u) {
+      const uint32_t e = base + threadIdx.x + u * blockDim.x;
+      if (e < per_row) {
+        uint32_t row, col;
+        at(e, row, col);
+        const float s = row_scale(in_scales, row);
+        a[u] = rescaled(a[u], s);
+        b[u] = rescaled(b[u], s);
+        if (s != 1.0f) {
+          *reinterpret_cast<float4*>(const_cast<float*>(x) + row_offset(xr, row) + col) = a[u];
+          *reinterpret_cast<float4*>(const_cast<float*>(y) + row_offset(yr, row) + col) = b[u];
+        }
+        o[u] = make_float4(binary_op<kKind>(a[u].x, b[u].x), binary_op<kKind>(a[u].y, b[u].y),
+                           binary_op<kKind>(a[u].z, b[u].z), binary_op<kKind>(a[u].w, b[u].w));
+        *reinterpret_cast<float4*>(out + row_offset(outr, row) + col) = o[u];
+        mx = fmaxf(mx, abs_max(o[u]));
+      }
+    }
+    if (base + chunk >= per_row) break;
   }
   const float inv = f16_row_inverse_scale(block_max(mx, part));
   if (threadIdx.x == 0) scales[blockIdx.x] = 1.0f / inv;
   __half* h = half + static_cast<int64_t>(blockIdx.x) * per_row * 4;
-  for (uint32_t e = threadIdx.x; e < per_row; e += kThreads) {
-    const uint32_t sub = e / dv, col = (e - sub * dv) * 4, row = blockIdx.x * group + sub;
+  for (uint32_t e = threadIdx.x; e < base; e += blockDim.x) {  // earlier chunks: this thread's own writes
+    uint32_t row, col;
+    at(e, row, col);
     store_f16(h + 4 * e, *reinterpret_cast<const float4*>(out + row_offset(outr, row) + col), inv);
+  }
+#pragma unroll
+  for (int u = 0; u < kRowVecs; ++u) {
+    const uint32_t e = base + threadIdx.x + u * blockDim.x;
+    if (e < per_row) store_f16(h + 4 * e, o[u], inv);
   }
 }
 
@@ -212,20 +271,37 @@ __global__ void split_sum_rows_kernel(const float* s, int64_t n, int64_t m, cons
 }
 
 template <int V>
-__global__ void f32_to_f16_rows_scaled_kernel(const float* x, int64_t ldx, __half* dst, float* scales, int64_t k) {
+__global__ void __launch_bounds__(kMaxRowThreads)
+    f32_to_f16_rows_scaled_kernel(const float* x, int64_t ldx, __half* dst, float* scales, int64_t k) {
   using Vec = VecOf<V>;
-  __shared__ float part[kThreads / 32];
-  const int64_t row = blockIdx.x, kv = k / V;
+  __shared__ float part[kMaxRowThreads / 32];
+  const int64_t row = blockIdx.x, kv = k / V, chunk = blockDim.x * kRowVecs;
   const Vec* xr = reinterpret_cast<const Vec*>(x + row * ldx);
+  Vec v[kRowVecs];
   float mx = 0.0f;
-#pragma unroll 4
-  for (int64_t j = threadIdx.x; j < kv; j += kThreads) mx = fmaxf(mx, abs_max(xr[j]));
+  int64_t base = 0;
+  for (;; base += chunk) {
+#pragma unroll
+    for (int u = 0; u < kRowVecs; ++u) {
+      const int64_t j = base + threadIdx.x + u * blockDim.x;
+      if (j < kv) v[u] = xr[j];
+    }
+#pragma unroll
+    for (int u = 0; u < kRowVecs; ++u) {
+      if (base + threadIdx.x + u * blockDim.x < kv) mx = fmaxf(mx, abs_max(v[u]));
+    }
+    if (base + chunk >= kv) break;
+  }
   // Rows within [2^-10, 2^15] keep s = 1 (then the rescale kernel has nothing to do).
   const float inv = f16_row_inverse_scale(block_max(mx, part));
   if (threadIdx.x == 0) scales[row] = 1.0f / inv;
   __half* d = dst + row * k;
-#pragma unroll 4
-  for (int64_t j = threadIdx.x; j < kv; j += kThreads) store_f16(d + V * j, xr[j], inv);
+  for (int64_t j = threadIdx.x; j < base; j += blockDim.x) store_f16(d + V * j, xr[j], inv);
+#pragma unroll
+  for (int u = 0; u < kRowVecs; ++u) {
+    const int64_t j = base + threadIdx.x + u * blockDim.x;
+    if (j < kv) store_f16(d + V * j, v[u], inv);
+  }
 }
 
 __global__ void scale_bias_rows_kernel(float* out, int64_t ldo, const float* scales, const float* bias, int64_t m) {
@@ -284,21 +360,21 @@ cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, 
   const int64_t rows = xr.count();
   if (rows == 0 || d == 0) return cudaSuccess;
   if (!binary_writes_half(x, xr, y, yr, out, outr, d, group)) return cudaErrorInvalidValue;
-  const unsigned grid = static_cast<unsigned>(rows / group);
+  const unsigned grid = static_cast<unsigned>(rows / group), threads = row_threads(group * d / 4);
   const uint32_t dv = static_cast<uint32_t>(d / 4), g = static_cast<uint32_t>(group);
   __half* h = reinterpret_cast<__half*>(half);
   switch (kind) {
     case BinaryKind::SigmoidMul:
       binary_half_kernel<BinaryKind::SigmoidMul>
-          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+          <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
       break;
     case BinaryKind::Swiglu:
       binary_half_kernel<BinaryKind::Swiglu>
-          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+          <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
       break;
     case BinaryKind::Add:
       binary_half_kernel<BinaryKind::Add>
-          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+          <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
       break;
   }
   return cudaGetLastError();
@@ -373,10 +449,11 @@ cudaError_t launch_f32_to_f16_rows_scaled(const float* x, int64_t ldx, uint16_t*
   const bool vec4 =
       k % 4 == 0 && (n == 1 || ldx % 4 == 0) && aligned16(x) && (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
   __half* d = reinterpret_cast<__half*>(dst);
+  const unsigned threads = row_threads(vec4 ? k / 4 : k);
   if (vec4) {
-    f32_to_f16_rows_scaled_kernel<4><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, ldx, d, scales, k);
+    f32_to_f16_rows_scaled_kernel<4><<<static_cast<unsigned>(n), threads, 0, stream>>>(x, ldx, d, scales, k);
   } else {
-    f32_to_f16_rows_scaled_kernel<1><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, ldx, d, scales, k);
+    f32_to_f16_rows_scaled_kernel<1><<<static_cast<unsigned>(n), threads, 0, stream>>>(x, ldx, d, scales, k);
   }
   return cudaGetLastError();
 }

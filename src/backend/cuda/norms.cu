@@ -10,13 +10,20 @@
 // Launch: one warp per row, 4 rows per 128-thread block (grid.x = ceil(rows / 4): Kev's passes have a
 // few hundred rows, so small blocks spread them over more SMs); a lane strides over the row, so loads
 // are coalesced per warp, as float4 when d % 4 == 0 and every row of x, z, out and w is 16-byte
-// aligned (scalar otherwise). The sum of squares is an FP32 warp reduction (of x + y rounded to FP32
-// for add_rms_norm, as add then rms_norm); the second pass re-reads the row (an L1/L2 hit; for
-// add_rms_norm the sum this lane just wrote). Wide rms_norm and add_rms_norm rows (the hidden state:
-// 1024 <= d <= 4096, float4-aligned) instead get one 128-thread block each, a thread holding up to 8
-// float4 of the row in registers: a warp would walk a 2,560-float row in 20 dependent steps, and a few
-// hundred rows would leave most SMs idle. Its sum of squares is a warp reduction, then one over the 4
-// warps. Rows are independent, so out may be the identical view of x (in place) for the plain norms:
+// aligned (scalar otherwise). The float4 path takes the row in chunks of 256 floats, a lane loading
+// its 2 float4s of x (and y or z) and of the gain in one burst and keeping them in registers through
+// the reduction to the output and its FP16 copy: rows up to 256 floats (the head rows: q / k norms,
+// rms_norm_gated) are one chunk, so the row costs one load round trip, not three (x; then x, w, z
+// again after the reduction; then out again for the copy: rms_norm_gated +f16 on 250 tokens x 32 x 128
+// took 17 us under Nsight Compute that way). Longer rows re-read their earlier chunks after the
+// reduction (for add_rms_norm the sums this lane wrote). The sum of squares is an FP32 warp reduction
+// (of x + y rounded to FP32 for add_rms_norm, as add then rms_norm), each lane summing its elements in
+// increasing order. Wide rms_norm and add_rms_norm rows (the hidden state: 1024 <= d <= 4096,
+// float4-aligned) instead get one 128-thread block each, a thread holding up to 8 float4 of the row, and
+// of y and the gain, in registers, all loaded before the first use (the gain no longer waits for the
+// reduction): a warp would walk a 2,560-float row in 20 dependent steps, and a few hundred rows would
+// leave most SMs idle. Its sum of squares is a warp reduction, then one over the 4 warps.
+// Rows are independent, so out may be the identical view of x (in place) for the plain norms:
 // every lane reads its elements before writing them and no lane reads another's. add_rms_norm's out
 // and y are disjoint from x (supports() checks).
 // FP16 copy for the next matmul (NormArgs::half, float4 paths only; the backend asks norm_writes_half):
@@ -25,7 +32,8 @@
 // takes the row max over its 4 warps and converts the registers it just stored. In the warp kernel a
 // GEMM row is half_group consecutive norm rows (rms_norm_gated: the Hv heads of a token), so the block
 // becomes half_group warps (<= 32, grid.x = rows / half_group), takes the block max and each lane
-// converts the out elements it wrote. The FP32 out is computed by the same code either way.
+// converts the out elements it wrote (its last chunk from registers). The FP32 out is computed by the
+// same code either way.
 // Fused GDN prep (launch_gdn_prep; the backend joins a Gated DeltaNet layer's q and k l2 norms and its
 // gdn_gates, recorded back to back and independent of each other, into one command): one launch of
 // 128-thread blocks, first the blocks the standalone float4 L2 launches would run (4 rows each, the same
@@ -52,52 +60,94 @@ __device__ __forceinline__ float4 add4(float4 u, float4 v) {
   return make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
 }
 
-// One row of the warp-per-row float4 kernel (lane strides over it): out's row `row` written, and
-// with kMax the lane's largest |out| returned (for the half copy; else 0).
+// Float4s a lane holds per chunk of a warp-per-row row: rows up to 32 · 4 · kLaneVecs = 256 floats
+// (every head row of Kev's models) are one chunk, loaded in one burst (x, and y / z and w as the kind
+// needs) and kept in registers from the sum of squares to the output and its FP16 copy.
+constexpr int kLaneVecs = 2, kLaneChunk = 32 * 4 * kLaneVecs;
+
+// out = the normalised v (f: the row's factor; w, z as the kind uses them).
+template <NormKind kKind>
+__device__ __forceinline__ float4 norm_out(float4 v, float f, float4 w, float4 z) {
+  if constexpr (kKind == NormKind::Rms || kKind == NormKind::AddRms) {
+    return make_float4(v.x * f * (1.0f + w.x), v.y * f * (1.0f + w.y), v.z * f * (1.0f + w.z), v.w * f * (1.0f + w.w));
+  } else if constexpr (kKind == NormKind::L2) {
+    return make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
+  } else {
+    return make_float4(w.x * (v.x * f) * siluf(z.x), w.y * (v.y * f) * siluf(z.y), w.z * (v.z * f) * siluf(z.z),
+                       w.w * (v.w * f) * siluf(z.w));
+  }
+}
+
+// One row of the warp-per-row float4 kernel, in chunks of kLaneChunk floats (lane l's float4s of a
+// chunk at base + 4·l + 128·u): out's row `row` written; r[] keeps the out values of the last chunk,
+// which starts at `last`; with kMax the lane's largest |out| returned (for the half copy; else 0).
+// A lane's squares are summed in increasing j, as one strided loop over the row would.
 template <NormKind kKind, bool kMax>
-__device__ __forceinline__ float norm_vec4_row(const NormArgs& a, int64_t row, int lane) {
-  constexpr bool kAdd = kKind == NormKind::AddRms;
+__device__ __forceinline__ float norm_vec4_row(const NormArgs& a, int64_t row, int lane, float4 (&r)[kLaneVecs],
+                                               int64_t& last) {
+  constexpr bool kAdd = kKind == NormKind::AddRms, kZ = kKind == NormKind::RmsGated, kW = kKind != NormKind::L2;
   const int64_t x_off = row_offset(a.x_rows, row);
   const float* x = a.x + x_off;
   float* out = a.out + row_offset(a.out_rows, row);
-  const float* z = kKind == NormKind::RmsGated || kAdd ? a.z + row_offset(a.z_rows, row) : nullptr;
+  const float* z = kZ || kAdd ? a.z + row_offset(a.z_rows, row) : nullptr;
   float* sum = kAdd ? a.sum + x_off : nullptr;
   const float ys = kAdd ? row_scale(a.z_scales, row) : 1.0f;
-  float ss = 0.0f;
-  // Unrolled so that several loads per lane are in flight (a row of 1-4 K floats is 2-8 steps).
-#pragma unroll 4
-  for (int64_t j = 4 * lane; j < a.d; j += 128) {
-    float4 v = ld4(x + j);
-    if constexpr (kAdd) {
-      const float4 y = rescaled(ld4(z + j), ys);
-      if (ys != 1.0f) *reinterpret_cast<float4*>(const_cast<float*>(z) + j) = y;
-      v = add4(v, y);
-      *reinterpret_cast<float4*>(sum + j) = v;
+  float4 v[kLaneVecs], zv[kLaneVecs], wv[kLaneVecs];
+  // Chunk b into v (from src), zv (y or z, with_z) and wv (the gain); every load before any use.
+  auto load = [&](const float* src, int64_t b, bool with_z) {
+#pragma unroll
+    for (int u = 0; u < kLaneVecs; ++u) {
+      const int64_t j = b + 4 * lane + 128 * u;
+      if (j < a.d) {
+        v[u] = ld4(src + j);
+        if (kZ || (kAdd && with_z)) zv[u] = ld4(z + j);
+        if constexpr (kW) wv[u] = ld4(a.w + j);
+      }
     }
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  };
+  float ss = 0.0f;
+  int64_t base = 0;
+  for (;; base += kLaneChunk) {
+    load(x, base, true);
+#pragma unroll
+    for (int u = 0; u < kLaneVecs; ++u) {
+      const int64_t j = base + 4 * lane + 128 * u;
+      if (j < a.d) {
+        if constexpr (kAdd) {
+          const float4 y = rescaled(zv[u], ys);
+          if (ys != 1.0f) *reinterpret_cast<float4*>(const_cast<float*>(z) + j) = y;
+          v[u] = add4(v[u], y);
+          *reinterpret_cast<float4*>(sum + j) = v[u];
+        }
+        ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+      }
+    }
+    if (base + kLaneChunk >= a.d) break;
   }
   ss = warp_sum(ss);
   const float f =
       kKind == NormKind::L2 ? a.scale / sqrtf(ss + a.eps) : 1.0f / sqrtf(ss / static_cast<float>(a.d) + a.eps);
-  const float* src = kAdd ? sum : x;  // the lane's own writes of the first pass
   float mx = 0.0f;
-#pragma unroll 4
-  for (int64_t j = 4 * lane; j < a.d; j += 128) {
-    const float4 v = ld4(src + j);
-    float4 r;
-    if constexpr (kKind == NormKind::Rms || kAdd) {
-      const float4 w = ld4(a.w + j);
-      r = make_float4(v.x * f * (1.0f + w.x), v.y * f * (1.0f + w.y), v.z * f * (1.0f + w.z), v.w * f * (1.0f + w.w));
-    } else if constexpr (kKind == NormKind::L2) {
-      r = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
-    } else {
-      const float4 w = ld4(a.w + j), zz = ld4(z + j);
-      r = make_float4(w.x * (v.x * f) * siluf(zz.x), w.y * (v.y * f) * siluf(zz.y), w.z * (v.z * f) * siluf(zz.z),
-                      w.w * (v.w * f) * siluf(zz.w));
+  auto emit = [&](int64_t b, float4(&o)[kLaneVecs]) {
+#pragma unroll
+    for (int u = 0; u < kLaneVecs; ++u) {
+      const int64_t j = b + 4 * lane + 128 * u;
+      if (j < a.d) {
+        o[u] = norm_out<kKind>(v[u], f, wv[u], zv[u]);
+        *reinterpret_cast<float4*>(out + j) = o[u];
+        if constexpr (kMax) mx = fmaxf(mx, abs_max(o[u]));
+      }
     }
-    *reinterpret_cast<float4*>(out + j) = r;
-    if constexpr (kMax) mx = fmaxf(mx, abs_max(r));
+  };
+  // The last chunk from registers, then the earlier chunks of a longer row again (add_rms_norm: the
+  // lane's own sums; in place, the chunks out holds so far are the last and those before the one re-read).
+  emit(base, r);
+  for (int64_t b = 0; b < base; b += kLaneChunk) {
+    load(kAdd ? sum : x, b, false);
+    float4 o[kLaneVecs];
+    emit(b, o);
   }
+  last = base;
   return mx;
 }
 
@@ -107,15 +157,21 @@ __global__ void __launch_bounds__(1024) norm_vec4_kernel(NormArgs a) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (!kHalf && row >= a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2]) return;
-  [[maybe_unused]] const float mx = norm_vec4_row<kKind, kHalf>(a, row, lane);
+  float4 r[kLaneVecs];
+  int64_t last = 0;
+  [[maybe_unused]] const float mx = norm_vec4_row<kKind, kHalf>(a, row, lane, r, last);
   if constexpr (kHalf) {
     __shared__ float part[32];
     const float inv = f16_row_inverse_scale(block_max(mx, part));
     if (threadIdx.x == 0) a.half_scales[blockIdx.x] = 1.0f / inv;
     const float* out = a.out + row_offset(a.out_rows, row);
     __half* h = reinterpret_cast<__half*>(a.half) + blockIdx.x * (a.half_group * a.d) + (threadIdx.x / 32) * a.d;
-#pragma unroll 4
-    for (int64_t j = 4 * lane; j < a.d; j += 128) store_f16(h + j, ld4(out + j), inv);  // this lane's own writes
+    for (int64_t j = 4 * lane; j < last; j += 128) store_f16(h + j, ld4(out + j), inv);  // this lane's own writes
+#pragma unroll
+    for (int u = 0; u < kLaneVecs; ++u) {
+      const int64_t j = last + 4 * lane + 128 * u;
+      if (j < a.d) store_f16(h + j, r[u], inv);
+    }
   }
 }
 
@@ -128,17 +184,19 @@ __device__ __forceinline__ int64_t rows_of(const NormArgs& a) {
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) gdn_prep_kernel(GdnPrepArgs p, unsigned nb0, unsigned nb1) {
   const int lane = threadIdx.x % 32;
   const int64_t warp_row = threadIdx.x / 32;
+  float4 r[kLaneVecs];
+  int64_t last = 0;
   unsigned b = blockIdx.x;
   // Each operand by a static index: a dynamic one would copy the kernel parameter to local memory.
   if (b < nb0) {
     const int64_t row = static_cast<int64_t>(b) * kWarpsPerBlock + warp_row;
-    if (row < rows_of(p.norms[0])) norm_vec4_row<NormKind::L2, false>(p.norms[0], row, lane);
+    if (row < rows_of(p.norms[0])) norm_vec4_row<NormKind::L2, false>(p.norms[0], row, lane, r, last);
     return;
   }
   b -= nb0;
   if (b < nb1) {
     const int64_t row = static_cast<int64_t>(b) * kWarpsPerBlock + warp_row;
-    if (row < rows_of(p.norms[1])) norm_vec4_row<NormKind::L2, false>(p.norms[1], row, lane);
+    if (row < rows_of(p.norms[1])) norm_vec4_row<NormKind::L2, false>(p.norms[1], row, lane, r, last);
     return;
   }
   b -= nb1;
@@ -160,17 +218,25 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
   const float ys = kAdd ? row_scale(a.z_scales, row) : 1.0f;
   float* out = a.out + row_offset(a.out_rows, row);
   const int nv = static_cast<int>(a.d / 4);
-  float4 v[kRowVec];
-  float ss = 0.0f;
+  float4 v[kRowVec], yv[kRowVec], wv[kRowVec];
 #pragma unroll
   for (int u = 0; u < kRowVec; ++u) {
     const int j = threadIdx.x + u * kRowThreads;
     if (j < nv) {
       v[u] = ld4(x + 4 * j);
+      if constexpr (kAdd) yv[u] = ld4(y + 4 * j);
+      wv[u] = ld4(a.w + 4 * j);
+    }
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kRowVec; ++u) {
+    const int j = threadIdx.x + u * kRowThreads;
+    if (j < nv) {
       if constexpr (kAdd) {
-        const float4 yv = rescaled(ld4(y + 4 * j), ys);
-        if (ys != 1.0f) *reinterpret_cast<float4*>(const_cast<float*>(y) + 4 * j) = yv;
-        v[u] = add4(v[u], yv);
+        yv[u] = rescaled(yv[u], ys);
+        if (ys != 1.0f) *reinterpret_cast<float4*>(const_cast<float*>(y) + 4 * j) = yv[u];
+        v[u] = add4(v[u], yv[u]);
         *reinterpret_cast<float4*>(a.sum + x_off + 4 * j) = v[u];
       }
       ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
@@ -189,9 +255,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
   for (int u = 0; u < kRowVec; ++u) {
     const int j = threadIdx.x + u * kRowThreads;
     if (j < nv) {
-      const float4 w = ld4(a.w + 4 * j);
-      v[u] = make_float4(v[u].x * f * (1.0f + w.x), v[u].y * f * (1.0f + w.y), v[u].z * f * (1.0f + w.z),
-                         v[u].w * f * (1.0f + w.w));
+      v[u] = norm_out<NormKind::Rms>(v[u], f, wv[u], float4{});
       *reinterpret_cast<float4*>(out + 4 * j) = v[u];
       if constexpr (kHalf) mx = fmaxf(mx, abs_max(v[u]));
     }

@@ -173,15 +173,16 @@ Status ModelRunner::attention_layer(size_t il, const LayerWeights& L, const Tens
   const size_t ia = attn_index_[il];
   const float eps = static_cast<float>(c.rms_eps);
 
-  KEV_ASSIGN_OR_RETURN(Tensor k_raw, arena_.alloc(DType::F32, {n, Hkv * hd}));
-  KEV_ASSIGN_OR_RETURN(Tensor v_raw, arena_.alloc(DType::F32, {n, Hkv * hd}));
-  KEV_TRY(run(OpKind::Matmul, {a, W.k_proj, none, k_raw}, [&] { return backend_->matmul(a, W.k_proj, none, k_raw); }));
-  KEV_TRY(run(OpKind::Matmul, {a, W.v_proj, none, v_raw}, [&] { return backend_->matmul(a, W.v_proj, none, v_raw); }));
-  const Tensor v = v_raw.reshaped({n, Hkv, hd});
-  // k ← N_knorm(k) per head, then RoPE on dims [0, n_rot).
-  KEV_ASSIGN_OR_RETURN(Tensor k, arena_.alloc(DType::F32, {n, Hkv, hd}));
-  const Tensor k_heads = k_raw.reshaped({n, Hkv, hd});
-  KEV_TRY(run(OpKind::RmsNorm, {k_heads, W.k_norm, k}, [&] { return backend_->rms_norm(k_heads, W.k_norm, eps, k); }));
+  // One GEMM for K, V and (when the output is needed) the query and gate: kvq_proj's rows are [k | v | q].
+  const int64_t kv = Hkv * hd, qw = need_output ? H * 2 * hd : 0;
+  const Tensor w = need_output ? W.kvq_proj : W.kvq_proj.slice(0, 0, 2 * kv);
+  KEV_ASSIGN_OR_RETURN(Tensor proj, arena_.alloc(DType::F32, {n, 2 * kv + qw}));
+  KEV_TRY(run(OpKind::Matmul, {a, w, none, proj}, [&] { return backend_->matmul(a, w, none, proj); }));
+  // k ← N_knorm(k) per head, then RoPE on dims [0, n_rot), in place: k and v stay views of proj with the
+  // same strides, which attention kernels take as one layout.
+  const Tensor k = proj.slice(1, 0, kv).split_last(Hkv);
+  const Tensor v = proj.slice(1, kv, kv).split_last(Hkv);
+  KEV_TRY(run(OpKind::RmsNorm, {k, W.k_norm, k}, [&] { return backend_->rms_norm(k, W.k_norm, eps, k); }));
   KEV_TRY(run(OpKind::Rope, {k}, [&] { return backend_->rope(k, layout, c.n_rot, c.rope_theta); }));
   if (out_prefix) {
     KEV_TRY(run(OpKind::Copy, {k, out_prefix->k[ia]}, [&] { return backend_->copy(k, out_prefix->k[ia]); }));
@@ -189,10 +190,8 @@ Status ModelRunner::attention_layer(size_t il, const LayerWeights& L, const Tens
   }
   if (!need_output) return Status::success();
 
-  // q_proj → [n, H, 2·hd]: per head the first hd values are the query, the last hd the output gate.
-  KEV_ASSIGN_OR_RETURN(Tensor qg, arena_.alloc(DType::F32, {n, H * 2 * hd}));
-  KEV_TRY(run(OpKind::Matmul, {a, W.q_proj, none, qg}, [&] { return backend_->matmul(a, W.q_proj, none, qg); }));
-  const Tensor qg_heads = qg.reshaped({n, H, 2 * hd});
+  // q → [n, H, 2·hd]: per head the first hd values are the query, the last hd the output gate.
+  const Tensor qg_heads = proj.slice(1, 2 * kv, qw).split_last(H);
   const Tensor q_raw = qg_heads.slice(2, 0, hd);  // [n, H, hd] strided
   const Tensor gate = qg_heads.slice(2, hd, hd);  // [n, H, hd] strided
   KEV_ASSIGN_OR_RETURN(Tensor q, arena_.alloc(DType::F32, {n, H, hd}));

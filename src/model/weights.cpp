@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <span>
 
@@ -162,17 +163,31 @@ Result<ModelWeights> upload_weights(Backend& backend, const ModelConfig& config,
   for (size_t si = 0; si < specs.size(); ++si) {
     const WeightSpec& spec = specs[si];
     const std::string& n = spec.name;
-    // A GDN layer's four input projections and the MLP's gate and up projections each become one
-    // stacked weight (weight_specs lists each group's members consecutively, first member first).
-    const size_t group = n.ends_with(".linear_attn.in_proj_qkv.weight") ? 4 : n.ends_with(".mlp.gate_proj.weight") ? 2 : 1;
+    // A GDN layer's four input projections, an attention layer's q, k and v projections and the MLP's
+    // gate and up projections each become one stacked weight (weight_specs lists each group's members
+    // consecutively, first member first; attention's are stacked k, v, q so that K and V alone are a
+    // prefix of the rows).
+    const bool attention = n.ends_with(".self_attn.q_proj.weight");
+    const size_t group = n.ends_with(".linear_attn.in_proj_qkv.weight") ? 4
+                         : attention                                     ? 3
+                         : n.ends_with(".mlp.gate_proj.weight")          ? 2
+                                                                         : 1;
     if (group > 1) {
       KEV_CHECK(si + group <= specs.size(), ErrorCode::Internal, "weight group of '", n, "' is incomplete");
-      const std::span<const WeightSpec> parts(specs.data() + si, group);
+      std::vector<WeightSpec> parts(specs.begin() + static_cast<std::ptrdiff_t>(si),
+                                    specs.begin() + static_cast<std::ptrdiff_t>(si + group));
+      if (attention) {
+        KEV_CHECK(parts[1].name.ends_with(".k_proj.weight") && parts[2].name.ends_with(".v_proj.weight"),
+                  ErrorCode::Internal, "attention projections of '", n, "' are not listed q, k, v");
+        std::rotate(parts.begin(), parts.begin() + 1, parts.end());  // k, v, q
+      }
       KEV_ASSIGN_OR_RETURN(Tensor t, up.load_stacked(parts));
       const size_t dot = n.find('.', 7);
       LayerWeights& L = w.layers[static_cast<size_t>(std::stoll(n.substr(7, dot - 7)))];
       if (group == 4) {
         L.gdn.in_proj = t;
+      } else if (attention) {
+        L.attn.kvq_proj = t;
       } else {
         L.gate_up_proj = t;
       }
@@ -194,9 +209,6 @@ Result<ModelWeights> upload_weights(Backend& backend, const ModelConfig& config,
     L.type = config.layer_types[static_cast<size_t>(i)];
     if (rest == "input_layernorm.weight") L.input_norm = t;
     else if (rest == "post_attention_layernorm.weight") L.post_norm = t;
-    else if (rest == "self_attn.q_proj.weight") L.attn.q_proj = t;
-    else if (rest == "self_attn.k_proj.weight") L.attn.k_proj = t;
-    else if (rest == "self_attn.v_proj.weight") L.attn.v_proj = t;
     else if (rest == "self_attn.o_proj.weight") L.attn.o_proj = t;
     else if (rest == "self_attn.q_norm.weight") L.attn.q_norm = t;
     else if (rest == "self_attn.k_norm.weight") L.attn.k_norm = t;

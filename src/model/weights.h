@@ -18,9 +18,10 @@
 namespace kev {
 
 struct AttentionWeights {
-  Tensor q_proj;  // [H*2*head_dim, d]: per head [query | gate]
-  Tensor k_proj;  // [H_kv*head_dim, d]
-  Tensor v_proj;  // [H_kv*head_dim, d]
+  // [2*H_kv*head_dim + H*2*head_dim, d]: k_proj [H_kv*head_dim, d], v_proj [H_kv*head_dim, d] and q_proj
+  // [H*2*head_dim, d] (per head [query | gate]) stacked by rows: one GEMM of the layer's input, and the
+  // first 2*H_kv*head_dim rows alone when only K and V are needed.
+  Tensor kvq_proj;
   Tensor o_proj;  // [d, H*head_dim]
   Tensor q_norm;  // [head_dim] (gain 1+w)
   Tensor k_norm;  // [head_dim]

@@ -626,8 +626,10 @@ TEST(WebGpu, DISABLED_AttentionTiming) {
 
 // Timing of the gated delta rule at Kev's passes (0.8B: Hk = Hv = 16, dk = dv = 128): the short
 // prefill (250 tokens from zero, with state_out), its evaluation (6 packed rows of 37 tokens from a
-// shared state) and the long prefill (2,187 tokens). Not a benchmark protocol; on lavapipe the numbers
-// only show work reduction. Run with
+// shared state) and the long prefill (2,187 tokens); then 35 rows of 64 tokens from a state, the same
+// parallel work (prep and output over 35 chunks) as the long prefill with a one-chunk recurrence, so
+// the difference is about the cost of the long prefill's sequential walk. Not a benchmark protocol;
+// on lavapipe the numbers only show work reduction. Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='WebGpu.DISABLED_GdnTiming'
 TEST(WebGpu, DISABLED_GdnTiming) {
   REQUIRE_WEBGPU(gpu);
@@ -637,7 +639,7 @@ TEST(WebGpu, DISABLED_GdnTiming) {
     bool from_state;
   };
   const int64_t H = 16, d = 128;
-  for (const Pass& s : {Pass{1, 250, false}, Pass{6, 37, true}, Pass{1, 2187, false}}) {
+  for (const Pass& s : {Pass{1, 250, false}, Pass{6, 37, true}, Pass{1, 2187, false}, Pass{35, 64, true}}) {
     const int64_t n = s.rows * s.len;
     SeqLayout layout;
     for (int64_t r = 0; r < s.rows; ++r) layout.offsets.push_back(static_cast<int32_t>((r + 1) * s.len));

@@ -21,7 +21,12 @@
 // half-0 invocations form Δ row rg (U, dlast and γ were loaded before the W S loop), store it and
 // put dlast_rg·Δ_rg in workgroup memory, one barrier; the update (cn FMAs), one barrier. The walk is
 // bound by the latency of its global loads, not by FMAs, so the W and k loads go in batches of 32
-// independent loads ahead of their FMAs (one latency per 32 steps instead of one per step).
+// independent loads ahead of their FMAs (one latency per 32 steps instead of one per step). Measured
+// against it and dropped (2026-12-01, H200, `DISABLED_GdnTiming`): every load of a chunk issued a whole
+// chunk ahead into registers (W S over four 32-dim groups, the update over two 32-token halves, four
+// barriers per chunk): 2,187 tokens 0.87 against 0.88 ms, but 250 tokens 0.27 against 0.22, 6 × 37
+// rows 0.27 against 0.22 and 35 × 64 rows 0.87 against 0.75 (more registers and barriers per
+// one-chunk workgroup); at 2,187 tokens the walk is not where the op's time goes.
 // Workgroup memory: S[dk×8] (4 KiB), the two W S halves [2×64×8] (4 KiB), dlast·Δ [64×8] (2 KiB):
 // 10 KiB. FP32 throughout.
 

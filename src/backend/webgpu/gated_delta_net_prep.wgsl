@@ -21,13 +21,16 @@
 //   1. k·k and q·k: invocation (q4, tj) = (lid/16, lid%16) owns rows i = 4·q4 .. +3 and columns
 //      j = tj + 16b (b < 4), accumulated in vec4 registers over dk in slabs of 16 dims staged
 //      dim-major in workgroup memory: 6 loads (2 of them vec4) per 32 FMAs; invocations whose rows
-//      lie wholly past a short chunk's cn skip the products.
+//      lie wholly past a short chunk's cn skip the products. The next slab's global loads are
+//      issued before the current slab's FMAs (as in step 3; on the H200 this measured the same as
+//      loading each slab after the previous one's barrier: 0.87 ms per 2,187-token call either way).
 //   2. T in place of L, by blocks of 16: the four diagonal blocks inverted at once (64 invocations,
 //      one column each, 16 steps), then block rows I = 1..3: T_IJ = −T_II Σ_{K=J..I−1} L_IK T_KJ,
 //      4 rows × 1 column per invocation.
-//   3. W and U: [K | V] in slabs of 16 columns through workgroup memory; invocation owns 4 rows of one
-//      16-row block and one column, so its loop stops at the end of its block (and at cn); vec4
-//      reads of T's columns and the slab's: 5 loads per 16 FMAs.
+//   3. W and U: [K | V] in slabs of 16 columns through workgroup memory, the next slab's global
+//      loads issued before the current slab's FMAs; invocation owns 4 rows of one 16-row block and one
+//      column, so its loop stops at the end of its block (and at cn); vec4 reads of T's columns and
+//      the slab's: 5 loads per 16 FMAs.
 // Workgroup memory (vec4 words, only ever written whole: WGSL lets a write to one component access
 // the whole vector, so invocations writing neighbouring floats would race; matrices are stored
 // column-major so that one invocation writes 4 consecutive rows): T's 10 lower 16×16 blocks
@@ -127,6 +130,38 @@ fn store_pairs(q4: u32, j: u32, cn: u32, p_at: u32, kk: vec4<f32>, qk: vec4<f32>
   }
 }
 
+// k (from_k) or q of the chunk's tokens t .. t + 3 (relative to t0) at dim d, zero past cn and dk.
+fn kq_rows(from_k: bool, at: u32, t0: u32, cn: u32, t: u32, d: u32) -> vec4<f32> {
+  var x = vec4<f32>(0.0);
+  if (d < p.dk) {
+    for (var m = 0u; m < 4u; m++) {
+      if (t + m < cn) {
+        if (from_k) {
+          x[m] = k[at + (t0 + t + m) * p.k_st0 + d];
+        } else {
+          x[m] = q[at + (t0 + t + m) * p.q_st0 + d];
+        }
+      }
+    }
+  }
+  return x;
+}
+
+// Column col of [diag(β⊙γ) K | diag(β) V] at the chunk's rows j .. j + 3, zero past cn.
+fn kv_rows(kb: u32, vb: u32, t0: u32, cn: u32, j: u32, col: u32) -> vec4<f32> {
+  var x = vec4<f32>(0.0);
+  for (var m = 0u; m < 4u; m++) {
+    if (j + m < cn) {
+      if (col < p.dk) {
+        x[m] = bs[j + m] * gam[j + m] * k[kb + (t0 + j + m) * p.k_st0 + col];
+      } else if (col < p.dk + p.dv) {
+        x[m] = bs[j + m] * v[vb + (t0 + j + m) * p.v_st0 + col - p.dk];
+      }
+    }
+  }
+  return x;
+}
+
 @compute @workgroup_size(256)
 fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -207,25 +242,20 @@ fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   var qk1 = vec4<f32>(0.0);
   var qk2 = vec4<f32>(0.0);
   var qk3 = vec4<f32>(0.0);
+  // Slab loads go one slab ahead: invocation lid holds tokens 4·(lid / SLAB) .. +3 of dim lid % SLAB
+  // (consecutive invocations: consecutive dims).
+  let t_ld = 4u * (lid / SLAB);
+  let d_ld = lid % SLAB;
+  var kv = kq_rows(true, kb, t0, cn, t_ld, d_ld);
+  var qv = kq_rows(false, qb, t0, cn, t_ld, d_ld);
   for (var d0 = 0u; d0 < p.dk; d0 += SLAB) {
-    // Tokens 4·(e / SLAB) .. +3 of dim e % SLAB (consecutive invocations: consecutive dims).
-    for (var e = lid; e < C * SLAB / 4u; e += 256u) {
-      let t = 4u * (e / SLAB);
-      let d = d0 + e % SLAB;
-      var kv = vec4<f32>(0.0);
-      var qv = vec4<f32>(0.0);
-      if (d < p.dk) {
-        for (var m = 0u; m < 4u; m++) {
-          if (t + m < cn) {
-            kv[m] = k[kb + (t0 + t + m) * p.k_st0 + d];
-            qv[m] = q[qb + (t0 + t + m) * p.q_st0 + d];
-          }
-        }
-      }
-      st4((e % SLAB) * ST + t, kv);
-      st4(Q_AT + (e % SLAB) * ST + t, qv);
-    }
+    st4(d_ld * ST + t_ld, kv);
+    st4(Q_AT + d_ld * ST + t_ld, qv);
     workgroupBarrier();
+    if (d0 + SLAB < p.dk) {
+      kv = kq_rows(true, kb, t0, cn, t_ld, d0 + SLAB + d_ld);
+      qv = kq_rows(false, qb, t0, cn, t_ld, d0 + SLAB + d_ld);
+    }
     let d_end = select(0u, SLAB, 4u * q4 < cn);
     for (var d = 0u; d < d_end; d++) {
       let ki = ld4(d * ST + 4u * q4);
@@ -316,24 +346,14 @@ fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   // Rows of a block wholly past cn are zero: T is the identity there and the slab's rows are zero.
   let jmax = select(min(cn, 16u * (bi + 1u)), 0u, 16u * bi >= cn);
   let n_cols = p.dk + p.dv;
+  // Slab loads one slab ahead, as in step 1: invocation lid holds rows t_ld .. +3 of column d_ld.
+  var xv = kv_rows(kb, vb, t0, cn, t_ld, d_ld);
   for (var col0 = 0u; col0 < n_cols; col0 += SLAB) {
-    // Rows 4·(e / SLAB) .. +3 of column e % SLAB.
-    for (var e = lid; e < C * SLAB / 4u; e += 256u) {
-      let j = 4u * (e / SLAB);
-      let col = col0 + e % SLAB;
-      var x = vec4<f32>(0.0);
-      for (var m = 0u; m < 4u; m++) {
-        if (j + m < cn) {
-          if (col < p.dk) {
-            x[m] = bs[j + m] * gam[j + m] * k[kb + (t0 + j + m) * p.k_st0 + col];
-          } else if (col < n_cols) {
-            x[m] = bs[j + m] * v[vb + (t0 + j + m) * p.v_st0 + col - p.dk];
-          }
-        }
-      }
-      st4(XS_AT + (e % SLAB) * ST + j, x);
-    }
+    st4(XS_AT + d_ld * ST + t_ld, xv);
     workgroupBarrier();
+    if (col0 + SLAB < n_cols) {
+      xv = kv_rows(kb, vb, t0, cn, t_ld, col0 + SLAB + d_ld);
+    }
     // Four j at a time; reading up to 3 j past jmax adds zeros (the slab is zero from cn on, T is
     // zero above the diagonal).
     var acc = vec4<f32>(0.0);

@@ -114,17 +114,6 @@ fn row_quad(lid: u32) -> u32 {
   return (lid / 16u) & 15u;
 }
 
-// A 4×4 block of accumulators: rj holds block row j, four output columns.
-struct Block4 {
-  r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32>,
-}
-
-// One k of a 4×4 block: xv holds the block's four rows of x, wv its four columns of w.
-fn fma4(a: Block4, xv: vec4<f32>, wv: vec4<f32>) -> Block4 {
-  return Block4(fma(vec4<f32>(xv.x), wv, a.r0), fma(vec4<f32>(xv.y), wv, a.r1),
-                fma(vec4<f32>(xv.z), wv, a.r2), fma(vec4<f32>(xv.w), wv, a.r3));
-}
-
 fn store_block4(r: u32, c: u32, a: Block4) {
   store4(r, c, a.r0);
   store4(r + 1u, c, a.r1);
@@ -174,10 +163,6 @@ fn store_block8(t: Tile128, a: Block8) {
   store_block4(r_lo, c_lo + 64u, a.lh);
   store_block4(r_lo + 64u, c_lo, a.hl);
   store_block4(r_lo + 64u, c_lo + 64u, a.hh);
-}
-
-fn zero_block4() -> Block4 {
-  return Block4(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
 }
 
 fn zero_block8() -> Block8 {

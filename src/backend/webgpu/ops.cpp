@@ -18,7 +18,7 @@ namespace {
 constexpr uint64_t kGroup = 256;  // invocations per workgroup of the element-wise kernels
 constexpr uint32_t kChunk = 64;   // GDN chunk length (gated_delta_net*.wgsl)
 constexpr uint32_t kRecurSlice = 8;  // GDN state columns per recurrence workgroup (gated_delta_net.wgsl)
-constexpr uint32_t kOutSlice = 16;   // GDN output columns per workgroup (gated_delta_net_out.wgsl)
+constexpr uint32_t kOutSlice = 64;   // GDN output columns per workgroup (gated_delta_net_out.wgsl)
 constexpr int64_t kAttnRows = 64;  // query rows (tokens × heads of a KV group) per attention workgroup
 constexpr int64_t kAttnKeys = 64;  // keys per attention key tile (attention.wgsl)
 // Key splits (flash-decoding): a pass's key tiles spread over at least about two workgroups per

@@ -53,3 +53,20 @@ fn row_offset3(r: u32, s1: u32, s2: u32, st: vec3<u32>) -> u32 {
   let i0 = q / s1;
   return i0 * st.x + i1 * st.y + i2 * st.z;
 }
+
+// A 4×4 block of accumulators (the tiled matmul and the GDN output): rj holds block row j, four
+// output columns.
+struct Block4 {
+  r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32>,
+}
+
+fn zero_block4() -> Block4 {
+  return Block4(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+}
+
+// One k of a 4×4 block: xv holds the block's four rows of the left operand, wv its four columns of
+// the right one.
+fn fma4(a: Block4, xv: vec4<f32>, wv: vec4<f32>) -> Block4 {
+  return Block4(fma(vec4<f32>(xv.x), wv, a.r0), fma(vec4<f32>(xv.y), wv, a.r1),
+                fma(vec4<f32>(xv.z), wv, a.r2), fma(vec4<f32>(xv.w), wv, a.r3));
+}

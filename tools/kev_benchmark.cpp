@@ -229,8 +229,10 @@ int main(int argc, char** argv) {
   kev::tools::add_backend_options(app, options);
   app.add_option("--workload", workload_name, "demo, short (~256-token state, 6 questions), long (~2,200, 5), many (~1,024, 64)");
   app.add_option("--request", request_file, "a /v1/systemone request body instead of a workload");
-  app.add_option("--warmups", warmups, "untimed runs first")->default_val(2);
-  app.add_option("--runs", runs, "timed runs")->default_val(5);
+  app.add_option("--warmups", warmups, "untimed runs first")->default_val(2)->check(CLI::Range(0, 100000));
+  app.add_option("--runs", runs, "timed runs (at least 1: the report gives their median)")
+      ->default_val(5)
+      ->check(CLI::Range(1, 100000));
   app.add_flag("--profile", profile, "add one profiled run: time per op");
   app.add_flag("--gemm-peak", gemm_peak, "measure OpenBLAS sgemm throughput in the same run (CPU baseline)");
   app.add_flag("--ceilings", ceilings, "measure the backend's matmul and copy ceilings; report each pass against them");

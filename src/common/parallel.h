@@ -1,8 +1,8 @@
-// parallel_chunks / parallel_find_first: host loops over a large array split across threads, for the one-off passes over
-// whole weight tensors at load (widening BF16 files, checking values, converting to FP16 / BF16),
-// which are single-threaded otherwise (a 4B model is ~4·10⁹ elements).
+// parallel_chunks / parallel_find_first: host loops over a large array split across threads, for the
+// one-off passes over whole weight tensors at load (widening BF16 files, checking values, converting to
+// FP16 / BF16), which are single-threaded otherwise (a 4B model is ~4·10⁹ elements).
 //
-//   kev::parallel_chunks(n, 1 << 20, [&](int64_t begin, int64_t end) { convert(src + begin, dst + begin, end - begin); });
+//   kev::parallel_chunks(n, 1 << 20, [&](int64_t begin, int64_t end) { convert(src + begin, end - begin); });
 //
 // f(begin, end) runs on contiguous, disjoint ranges covering [0, n), at least `grain` elements each,
 // on up to std::thread::hardware_concurrency() threads (the calling thread runs one range); n below

@@ -115,8 +115,8 @@ class Uploader {
               "' has shape ", shape_text(host.shape), "; the model configuration needs ", shape_text(spec.shape));
     const float* v = host.data.data();
     const auto n = static_cast<int64_t>(host.data.size());
-    KEV_CHECK(parallel_find_first(n, kGrain, [v](int64_t i) { return !std::isfinite(v[i]); }) == n, ErrorCode::InvalidArtifact,
-              "weight '", spec.name, "' holds a non-finite value");
+    const int64_t bad = parallel_find_first(n, kGrain, [v](int64_t i) { return !std::isfinite(v[i]); });
+    KEV_CHECK(bad == n, ErrorCode::InvalidArtifact, "weight '", spec.name, "' holds a non-finite value");
     return host;
   }
 
@@ -135,7 +135,8 @@ class Uploader {
     if (dtype == DType::BF16 || dtype == DType::F16) {
       const float* v = data.data();
       if (dtype == DType::F16) {
-        const int64_t bad = parallel_find_first(static_cast<int64_t>(n), kGrain, [v](int64_t i) { return std::fabs(v[i]) > kF16Max; });
+        const int64_t bad =
+            parallel_find_first(static_cast<int64_t>(n), kGrain, [v](int64_t i) { return std::fabs(v[i]) > kF16Max; });
         KEV_CHECK(bad == static_cast<int64_t>(n), ErrorCode::InvalidArtifact, "weight '", name, "' holds ",
                   bad < static_cast<int64_t>(n) ? v[bad] : 0.0f, ", beyond FP16's range (", kF16Max,
                   "); load this model with 16-bit GEMMs in BF16 (CUDA: --cuda-gemm bf16x2)");

@@ -105,8 +105,8 @@ class Uploader {
 
  private:
   // The element loops over whole tensors run on all cores (parallel_chunks), and the stacking and
-  // 16-bit buffers are reused from tensor to tensor: at a 4B model's ~4·10⁹ elements, fresh pages
-  // and single-threaded loops had made a CUDA load take ~40 s on the H200 machine.
+  // 16-bit buffers are reused from tensor to tensor: a 4B model has ~4·10⁹ elements, and a CPU profile
+  // of the load had its time in fresh pages and single-threaded loops (docs/benchmarks.md, Load time).
   static constexpr int64_t kGrain = 1 << 20;
 
   Result<HostTensor> read(const WeightSpec& spec) {

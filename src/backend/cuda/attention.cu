@@ -334,6 +334,41 @@ __device__ __forceinline__ void stage_chunk(const AttentionArgs& a, int kvh, con
   cp_async_commit();
 }
 
+// A block's share of either attention kernel: query tile blockIdx.x, numbered from the last (the
+// tiles with the most keys start first), of tokens_per_tile tokens × the G query heads of KV head
+// blockIdx.y, and key split blockIdx.z of gridDim.z.
+struct QueryTile {
+  int G, kvh, q0, n_rows;
+  int own_lo, own_hi;  // the tile's own keys: its first token's sequence start .. its last token
+  int64_t n_prefix_tiles;
+
+  __device__ QueryTile(const AttentionArgs& a, int tokens_per_tile)
+      : G(a.H / a.Hkv), kvh(blockIdx.y), q0((gridDim.x - 1 - blockIdx.x) * tokens_per_tile) {
+    const int n_tokens = min(tokens_per_tile, a.n_tokens - q0);
+    n_rows = n_tokens * G;
+    own_lo = seq_start(a.offsets, a.n_seqs, q0);
+    own_hi = q0 + n_tokens - 1;
+    n_prefix_tiles = (a.prefix_len + kKeys - 1) / kKeys;
+  }
+  // This split's key tiles [split_begin, split_end) of the tile's n_tiles.
+  __device__ int64_t split_begin(int64_t n_tiles) const { return n_tiles * blockIdx.z / gridDim.z; }
+  __device__ int64_t split_end(int64_t n_tiles) const { return n_tiles * (blockIdx.z + 1) / gridDim.z; }
+  // Row r's visible own keys [row_lo[r], row_hi[r]] (its sequence start .. its token; lo > hi: no
+  // row), written by threads r < kRows.
+  __device__ void store_row_ranges(const AttentionArgs& a, int* row_lo, int* row_hi) const {
+    const int r = threadIdx.x;
+    if (r >= kRows) return;
+    int lo = 1, hi = 0;
+    if (r < n_rows) {
+      const int t = q0 + r / G;
+      lo = seq_start(a.offsets, a.n_seqs, t);
+      hi = t;
+    }
+    row_lo[r] = lo;
+    row_hi[r] = hi;
+  }
+};
+
 // Resident blocks per SM the kernel is compiled for. At hd 256 the 64 output accumulators per thread
 // spill under the 128-register cap of two blocks; one block with up to 255 registers measured faster
 // on the H200 (docs/backends.md).
@@ -360,30 +395,14 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(HD))
   int* row_hi = row_lo + kRows;                               // last visible own key (the token); lo > hi: no row
 
   const int tid = threadIdx.x;
-  const int G = a.H / a.Hkv, kvh = blockIdx.y;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * tokens_per_tile;
-  const int n_valid_tok = min(tokens_per_tile, a.n_tokens - q0);
-  const int n_rows = n_valid_tok * G;
-  const int split = blockIdx.z, n_splits = gridDim.z;
-
-  const int own_lo = seq_start(a.offsets, a.n_seqs, q0), own_hi = q0 + n_valid_tok - 1;
-  const int64_t Ls = a.prefix_len;
-  const int64_t n_prefix_tiles = (Ls + kKeys - 1) / kKeys;
+  const QueryTile qt(a, tokens_per_tile);
+  const int G = qt.G, kvh = qt.kvh, q0 = qt.q0, n_rows = qt.n_rows, own_lo = qt.own_lo, own_hi = qt.own_hi;
+  const int64_t Ls = a.prefix_len, n_prefix_tiles = qt.n_prefix_tiles;
   const int64_t n_tiles = n_prefix_tiles + (own_hi - own_lo + kKeys) / kKeys;
-  const int64_t kt_begin = n_tiles * split / n_splits, kt_end = n_tiles * (split + 1) / n_splits;
+  const int64_t kt_begin = qt.split_begin(n_tiles), kt_end = qt.split_end(n_tiles);
   // The first chunk's copy overlaps the Q load.
   if (kt_begin < kt_end) stage_chunk<HD>(a, kvh, key_tile(kt_begin, n_prefix_tiles, Ls, own_lo, own_hi), 0, KVs, vec);
-
-  if (tid < kRows) {
-    int lo = 1, hi = 0;
-    if (tid < n_rows) {
-      const int t = q0 + tid / G;
-      lo = seq_start(a.offsets, a.n_seqs, t);
-      hi = t;
-    }
-    row_lo[tid] = lo;
-    row_hi[tid] = hi;
-  }
+  qt.store_row_ranges(a, row_lo, row_hi);
   load_rows<HD>(Qs, LDQ, kRows, vec, [&](int i) -> const float* {
     if (i >= n_rows) return nullptr;
     const int64_t t = q0 + i / G, h = kvh * G + i % G;
@@ -523,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(HD))
   // (o[..][0..1]) and rb + g + 8 (o[..][2..3]).
   if (part_o != nullptr) {
     // A partial result: unnormalised rows and their (max, sum), merged by the combine kernel.
-    const int64_t split_base = static_cast<int64_t>(split) * a.n_tokens * a.H;
+    const int64_t split_base = static_cast<int64_t>(blockIdx.z) * a.n_tokens * a.H;
     if (skey == 0) {
 #pragma unroll
       for (int ii = 0; ii < 2; ++ii) {
@@ -707,20 +726,15 @@ __global__ void __launch_bounds__(kThreadsF16, f16_blocks_per_sm(HD))
   int* row_hi = row_lo + kRows;                           // last visible own key (the token); lo > hi: no row
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int G = a.H / a.Hkv, kvh = blockIdx.y;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * tokens_per_tile;
-  const int n_valid_tok = min(tokens_per_tile, a.n_tokens - q0);
-  const int n_rows = n_valid_tok * G;
-  const int split = blockIdx.z, n_splits = gridDim.z;
+  const QueryTile qt(a, tokens_per_tile);
+  const int G = qt.G, kvh = qt.kvh, q0 = qt.q0, n_rows = qt.n_rows, own_lo = qt.own_lo, own_hi = qt.own_hi;
+  const int64_t Ls = a.prefix_len, n_prefix_tiles = qt.n_prefix_tiles;
 
   // Key tiles: all prefix tiles, then the tiles of the unified list holding keys prefix_len + own_lo ..
   // prefix_len + own_hi (from the last prefix tile on, which the first may overlap).
-  const int own_lo = seq_start(a.offsets, a.n_seqs, q0), own_hi = q0 + n_valid_tok - 1;
-  const int64_t Ls = a.prefix_len;
-  const int64_t n_prefix_tiles = (Ls + kKeys - 1) / kKeys;
   const int64_t own_first = max(n_prefix_tiles, (Ls + own_lo) / kKeys), own_last = (Ls + own_hi) / kKeys;
   const int64_t n_tiles = n_prefix_tiles + (own_last - own_first + 1);
-  const int64_t kt_begin = n_tiles * split / n_splits, kt_end = n_tiles * (split + 1) / n_splits;
+  const int64_t kt_begin = qt.split_begin(n_tiles), kt_end = qt.split_end(n_tiles);
   auto tile_of = [&](int64_t kt) { return kt < n_prefix_tiles ? kt : own_first + (kt - n_prefix_tiles); };
   // Copies key tile tb's K and V into buffer buf (one cp.async group); its scales come with a plain load.
   auto stage = [&](int64_t tb, int buf) {
@@ -736,17 +750,7 @@ __global__ void __launch_bounds__(kThreadsF16, f16_blocks_per_sm(HD))
   };
   float2 sc_next = make_float2(1.0f, 1.0f);
   if (kt_begin < kt_end) sc_next = stage(tile_of(kt_begin), 0);  // overlaps the Q load
-
-  if (tid < kRows) {
-    int lo = 1, hi = 0;
-    if (tid < n_rows) {
-      const int t = q0 + tid / G;
-      lo = seq_start(a.offsets, a.n_seqs, t);
-      hi = t;
-    }
-    row_lo[tid] = lo;
-    row_hi[tid] = hi;
-  }
+  qt.store_row_ranges(a, row_lo, row_hi);
   const int rb = kWarpRows * warp;
   // The warp's q rows as FP16 under a power-of-two scale per row (f16_rows.cuh's rule), eight rows'
   // loads in flight at a time.
@@ -905,7 +909,7 @@ __global__ void __launch_bounds__(kThreadsF16, f16_blocks_per_sm(HD))
   if (part_o != nullptr) {
     // A partial result: unnormalised rows and their (max, sum), m in natural units as the combine
     // kernel expects.
-    const int64_t split_base = static_cast<int64_t>(split) * a.n_tokens * a.H;
+    const int64_t split_base = static_cast<int64_t>(blockIdx.z) * a.n_tokens * a.H;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = rb + g + 8 * half;

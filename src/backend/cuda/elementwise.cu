@@ -118,40 +118,70 @@ unsigned row_threads(int64_t vecs) {
   return static_cast<unsigned>(std::clamp<int64_t>((vecs + 63) / 64 * 32, 32, kMaxRowThreads));
 }
 
+// This thread's vectors e of a row of `count`, chunk by chunk: load(e, u) for each of them into the
+// caller's slot u, then use(e, u) for each. Returns where the last chunk starts (its vectors stay in
+// the slots).
+template <class Index, class Load, class Use>
+__device__ __forceinline__ Index walk_row(Index count, Load&& load, Use&& use) {
+  const Index chunk = blockDim.x * kRowVecs;
+  for (Index base = 0;; base += chunk) {
+#pragma unroll
+    for (int u = 0; u < kRowVecs; ++u) {
+      const Index e = base + threadIdx.x + u * blockDim.x;
+      if (e < count) load(e, u);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowVecs; ++u) {
+      const Index e = base + threadIdx.x + u * blockDim.x;
+      if (e < count) use(e, u);
+    }
+    if (base + chunk >= count) return base;
+  }
+}
+
+// The FP16 copy of a walked row of `count` vectors whose largest |value| in this thread is mx: the
+// row's scale to *scale, vector e to dst + V·e, the last chunk's from `held`, the earlier chunks'
+// re-read by reread(e) (this thread's own values).
+template <class Index, class Vec, class Reread>
+__device__ __forceinline__ void store_row_f16(float mx, float* scale, __half* dst, Index last_chunk, Index count,
+                                              const Vec (&held)[kRowVecs], Reread&& reread) {
+  __shared__ float part[kMaxRowThreads / 32];
+  constexpr int V = sizeof(Vec) / sizeof(float);
+  const float inv = f16_row_inverse_scale(block_max(mx, part));
+  if (threadIdx.x == 0) *scale = 1.0f / inv;
+  for (Index e = threadIdx.x; e < last_chunk; e += blockDim.x) store_f16(dst + V * e, reread(e), inv);
+#pragma unroll
+  for (int u = 0; u < kRowVecs; ++u) {
+    const Index e = last_chunk + threadIdx.x + u * blockDim.x;
+    if (e < count) store_f16(dst + V * e, held[u], inv);
+  }
+}
+
 // One block per GEMM row (`group` rows of d floats): the map as binary_kernel computes it, stored,
 // then the block's max and the FP16 copy.
 template <BinaryKind kKind>
 __global__ void __launch_bounds__(kMaxRowThreads)
     binary_half_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales, float* out,
                        Rows outr, uint32_t dv, uint32_t group, __half* half, float* scales) {
-  __shared__ float part[kMaxRowThreads / 32];
-  const uint32_t per_row = group * dv, chunk = blockDim.x * kRowVecs;
+  const uint32_t per_row = group * dv;
   // Element e of the GEMM row: float4 `col / 4` of row `row` of x, y and out.
   auto at = [&](uint32_t e, uint32_t& row, uint32_t& col) {
     const uint32_t sub = e / dv;
     col = (e - sub * dv) * 4, row = blockIdx.x * group + sub;
   };
-  float4 o[kRowVecs];
+  float4 a[kRowVecs], b[kRowVecs], o[kRowVecs];
   float mx = 0.0f;
-  uint32_t base = 0;
-  for (;; base += chunk) {
-    // Every load of the chunk first: out may be the identical view of x or y, which would otherwise
-    // order each load after the previous element's store.
-    float4 a[kRowVecs], b[kRowVecs];
-#pragma unroll
-    for (int u = 0; u < kRowVecs; ++u) {
-      const uint32_t e = base + threadIdx.x + u * blockDim.x;
-      if (e < per_row) {
+  // Every load of a chunk first: out may be the identical view of x or y, which would otherwise order
+  // each load after the previous element's store.
+  const uint32_t last_chunk = walk_row(
+      per_row,
+      [&](uint32_t e, int u) {
         uint32_t row, col;
         at(e, row, col);
         a[u] = *reinterpret_cast<const float4*>(x + row_offset(xr, row) + col);
         b[u] = *reinterpret_cast<const float4*>(y + row_offset(yr, row) + col);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kRowVecs; ++u) {
-      const uint32_t e = base + threadIdx.x + u * blockDim.x;
-      if (e < per_row) {
+      },
+      [&](uint32_t e, int u) {
         uint32_t row, col;
         at(e, row, col);
         const float s = row_scale(in_scales, row);
@@ -165,23 +195,13 @@ __global__ void __launch_bounds__(kMaxRowThreads)
                            binary_op<kKind>(a[u].z, b[u].z), binary_op<kKind>(a[u].w, b[u].w));
         *reinterpret_cast<float4*>(out + row_offset(outr, row) + col) = o[u];
         mx = fmaxf(mx, abs_max(o[u]));
-      }
-    }
-    if (base + chunk >= per_row) break;
-  }
-  const float inv = f16_row_inverse_scale(block_max(mx, part));
-  if (threadIdx.x == 0) scales[blockIdx.x] = 1.0f / inv;
-  __half* h = half + static_cast<int64_t>(blockIdx.x) * per_row * 4;
-  for (uint32_t e = threadIdx.x; e < base; e += blockDim.x) {  // earlier chunks: this thread's own writes
-    uint32_t row, col;
-    at(e, row, col);
-    store_f16(h + 4 * e, *reinterpret_cast<const float4*>(out + row_offset(outr, row) + col), inv);
-  }
-#pragma unroll
-  for (int u = 0; u < kRowVecs; ++u) {
-    const uint32_t e = base + threadIdx.x + u * blockDim.x;
-    if (e < per_row) store_f16(h + 4 * e, o[u], inv);
-  }
+      });
+  store_row_f16(mx, scales + blockIdx.x, half + static_cast<int64_t>(blockIdx.x) * per_row * 4, last_chunk, per_row,
+                o, [&](uint32_t e) {
+                  uint32_t row, col;
+                  at(e, row, col);
+                  return *reinterpret_cast<const float4*>(out + row_offset(outr, row) + col);
+                });
 }
 
 template <BinaryKind kKind>
@@ -274,34 +294,14 @@ template <int V>
 __global__ void __launch_bounds__(kMaxRowThreads)
     f32_to_f16_rows_scaled_kernel(const float* x, int64_t ldx, __half* dst, float* scales, int64_t k) {
   using Vec = VecOf<V>;
-  __shared__ float part[kMaxRowThreads / 32];
-  const int64_t row = blockIdx.x, kv = k / V, chunk = blockDim.x * kRowVecs;
+  const int64_t row = blockIdx.x;
   const Vec* xr = reinterpret_cast<const Vec*>(x + row * ldx);
   Vec v[kRowVecs];
   float mx = 0.0f;
-  int64_t base = 0;
-  for (;; base += chunk) {
-#pragma unroll
-    for (int u = 0; u < kRowVecs; ++u) {
-      const int64_t j = base + threadIdx.x + u * blockDim.x;
-      if (j < kv) v[u] = xr[j];
-    }
-#pragma unroll
-    for (int u = 0; u < kRowVecs; ++u) {
-      if (base + threadIdx.x + u * blockDim.x < kv) mx = fmaxf(mx, abs_max(v[u]));
-    }
-    if (base + chunk >= kv) break;
-  }
+  const int64_t last_chunk = walk_row(
+      k / V, [&](int64_t j, int u) { v[u] = xr[j]; }, [&](int64_t, int u) { mx = fmaxf(mx, abs_max(v[u])); });
   // Rows within [2^-10, 2^15] keep s = 1 (then the rescale kernel has nothing to do).
-  const float inv = f16_row_inverse_scale(block_max(mx, part));
-  if (threadIdx.x == 0) scales[row] = 1.0f / inv;
-  __half* d = dst + row * k;
-  for (int64_t j = threadIdx.x; j < base; j += blockDim.x) store_f16(d + V * j, xr[j], inv);
-#pragma unroll
-  for (int u = 0; u < kRowVecs; ++u) {
-    const int64_t j = base + threadIdx.x + u * blockDim.x;
-    if (j < kv) store_f16(d + V * j, v[u], inv);
-  }
+  store_row_f16(mx, scales + row, dst + row * k, last_chunk, k / V, v, [&](int64_t j) { return xr[j]; });
 }
 
 __global__ void scale_bias_rows_kernel(float* out, int64_t ldo, const float* scales, const float* bias, int64_t m) {

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
 #include <span>
 
 #include "common/bf16.h"
@@ -77,54 +80,142 @@ namespace {
 
 constexpr float kF16Max = 65504.0f;
 
+// A weight's values as the loader reads them: n FP32 values, or n BF16 bit patterns as a bf16 export
+// stores them, at `bytes` — a mapped file's bytes, so unaligned: read through memcpy (plain loads).
+struct Values {
+  const uint8_t* bytes = nullptr;
+  int64_t n = 0;
+  bool bf16 = false;
+};
+
+inline float value_at(const uint8_t* bytes, int64_t i, bool bf16) {
+  if (bf16) {
+    uint16_t h;
+    std::memcpy(&h, bytes + 2 * i, 2);
+    return bf16_to_f32(h);
+  }
+  float v;
+  std::memcpy(&v, bytes + 4 * i, 4);
+  return v;
+}
+
+// A weight read by name: its shape and values. `owned` holds values the reader had to compute (a
+// checkpoint's merged LoRA, a widened F16 tensor), which stay valid until the next read.
+struct ReadWeight {
+  std::vector<int64_t> shape;
+  Values values;
+};
+using WeightReader = std::function<Result<ReadWeight>(const std::string& name, HostTensor& owned)>;
+
+// Whether v's bytes are already what a weight of dtype holds (FP32 for FP32, BF16 for BF16).
+bool same_bits(const Values& v, DType dtype) { return v.bf16 ? dtype == DType::BF16 : dtype == DType::F32; }
+
+ReadWeight owned_values(HostTensor& owned) {
+  return {owned.shape, Values{reinterpret_cast<const uint8_t*>(owned.data.data()),
+                              static_cast<int64_t>(owned.data.size()), false}};
+}
+
 class Uploader {
  public:
-  Uploader(Backend& backend, const TensorSource& source, DType matmul_dtype, ModelWeights& out)
-      : backend_(backend), source_(source), matmul_dtype_(matmul_dtype), out_(out) {}
+  Uploader(Backend& backend, const WeightReader& reader, DType matmul_dtype, ModelWeights& out)
+      : backend_(backend), reader_(reader), matmul_dtype_(matmul_dtype), out_(out) {}
 
   Result<Tensor> load(const WeightSpec& spec) {
-    KEV_ASSIGN_OR_RETURN(HostTensor host, read(spec));
-    return put(spec.name, spec.shape, spec.projection, host.data);
+    const DType dtype = spec.projection ? matmul_dtype_ : DType::F32;
+    KEV_ASSIGN_OR_RETURN(Values v, read(spec, dtype));
+    if (same_bits(v, dtype)) return upload(spec.shape, dtype, v.n, v.bytes);
+    uint8_t* staging = reserve_staging(v.n, dtype);
+    convert(v, dtype, staging);
+    return upload(spec.shape, dtype, v.n, staging);
   }
 
-  // Projections of one input stacked by rows into one weight [Σ m_i, k] (one GEMM instead of several).
+  // Projections of one input stacked by rows into one weight [Σ m_i, k] (one GEMM instead of several):
+  // each part is read and converted into its rows of one staging buffer, which is uploaded once.
   Result<Tensor> load_stacked(std::span<const WeightSpec> parts) {
+    const DType dtype = matmul_dtype_;
     int64_t rows = 0;
     for (const WeightSpec& spec : parts) rows += spec.shape[0];
-    stacked_.resize(static_cast<size_t>(rows * parts[0].shape[1]));
-    size_t at = 0;
-    std::string name;
+    const int64_t n = rows * parts[0].shape[1];
+    uint8_t* staging = reserve_staging(n, dtype);
+    int64_t at = 0;
     for (const WeightSpec& spec : parts) {
-      KEV_ASSIGN_OR_RETURN(HostTensor host, read(spec));
-      std::copy(host.data.begin(), host.data.end(), stacked_.begin() + static_cast<std::ptrdiff_t>(at));
-      at += host.data.size();
-      name += (name.empty() ? "" : " + ") + spec.name;
+      KEV_ASSIGN_OR_RETURN(Values v, read(spec, dtype));
+      convert(v, dtype, staging + at * static_cast<int64_t>(dtype_size(dtype)));
+      at += spec.shape[0] * spec.shape[1];
     }
-    return put(name, {rows, parts[0].shape[1]}, true, stacked_);
+    return upload({rows, parts[0].shape[1]}, dtype, n, staging);
   }
 
  private:
-  // The element loops over whole tensors run on all cores (parallel_chunks), and the stacking and
-  // 16-bit buffers are reused from tensor to tensor: a 4B model has ~4·10⁹ elements, and a CPU profile
-  // of the load had its time in fresh pages and single-threaded loops (docs/benchmarks.md, Load time).
+  // The element loops over whole tensors run on all cores (parallel_chunks), a bf16 export's values go
+  // straight from the mapped file to the backend's dtype, and the staging buffers are reused from
+  // tensor to tensor: a 4B model has ~4·10⁹ elements, and a CPU profile of the load had its time in
+  // fresh pages, FP32 copies and single-threaded loops (docs/benchmarks.md, Load time).
   static constexpr int64_t kGrain = 1 << 20;
 
-  Result<HostTensor> read(const WeightSpec& spec) {
-    KEV_ASSIGN_OR_RETURN(HostTensor host, source_(spec.name));
-    KEV_CHECK(shape_matches(spec, host.shape), ErrorCode::InvalidArtifact, "weight '", spec.name,
-              "' has shape ", shape_text(host.shape), "; the model configuration needs ", shape_text(spec.shape));
-    const float* v = host.data.data();
-    const auto n = static_cast<int64_t>(host.data.size());
-    const int64_t bad = parallel_find_first(n, kGrain, [v](int64_t i) { return !std::isfinite(v[i]); });
-    KEV_CHECK(bad == n, ErrorCode::InvalidArtifact, "weight '", spec.name, "' holds a non-finite value");
-    return host;
+  // Reads spec's values and checks its shape, that every value is finite and, for an FP16 weight, that
+  // every value lies within FP16's range.
+  Result<Values> read(const WeightSpec& spec, DType dtype) {
+    KEV_ASSIGN_OR_RETURN(ReadWeight w, reader_(spec.name, owned_));
+    KEV_CHECK(shape_matches(spec, w.shape), ErrorCode::InvalidArtifact, "weight '", spec.name, "' has shape ",
+              shape_text(w.shape), "; the model configuration needs ", shape_text(spec.shape));
+    const Values v = w.values;
+    // A bad value: non-finite, or beyond FP16's range for an FP16 weight (|x| > limit, ∞ included).
+    const float limit = dtype == DType::F16 ? kF16Max : std::numeric_limits<float>::max();
+    auto bad_at = [&v, limit]<bool kBf16>(int64_t i) { return !(std::fabs(value_at(v.bytes, i, kBf16)) <= limit); };
+    const int64_t bad = v.bf16 ? parallel_find_first(v.n, kGrain, [&](int64_t i) { return bad_at.operator()<true>(i); })
+                               : parallel_find_first(v.n, kGrain, [&](int64_t i) { return bad_at.operator()<false>(i); });
+    if (bad < v.n) {
+      const float x = value_at(v.bytes, bad, v.bf16);
+      KEV_CHECK(std::isfinite(x), ErrorCode::InvalidArtifact, "weight '", spec.name, "' holds a non-finite value");
+      return Status(ErrorCode::InvalidArtifact,
+                    cat("weight '", spec.name, "' holds ", x, ", beyond FP16's range (", kF16Max,
+                        "); load this model with 16-bit GEMMs in BF16 (CUDA: --cuda-gemm bf16x2)"));
+    }
+    return v;
   }
 
-  Result<Tensor> put(const std::string& name, const std::vector<int64_t>& shape, bool projection,
-                     const std::vector<float>& data) {
-    const DType dtype = projection ? matmul_dtype_ : DType::F32;
-    const size_t n = data.size();
-    const size_t bytes = n * dtype_size(dtype);
+  // A staging buffer of n elements of dtype; it only grows, so its pages are touched once per load.
+  uint8_t* reserve_staging(int64_t n, DType dtype) {
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
+    if (staging_.size() < bytes) staging_.resize(bytes);
+    return staging_.data();
+  }
+
+  // v's values in dtype at dst, on all cores: BF16 to BF16 and FP32 to FP32 are copies, the rest round
+  // to nearest even (to FP16 within its range, which read() checked).
+  void convert(const Values& v, DType dtype, uint8_t* dst) {
+    parallel_chunks(v.n, kGrain, [&](int64_t begin, int64_t end) {
+      const auto count = static_cast<size_t>(end - begin);
+      const uint8_t* src = v.bytes + begin * (v.bf16 ? 2 : 4);
+      uint8_t* out = dst + begin * static_cast<int64_t>(dtype_size(dtype));
+      if (same_bits(v, dtype)) {
+        std::memcpy(out, src, count * dtype_size(dtype));
+      } else if (dtype == DType::F32) {
+        convert_range<DType::F32>(src, v.bf16, out, count);
+      } else if (dtype == DType::F16) {
+        convert_range<DType::F16>(src, v.bf16, out, count);
+      } else {
+        convert_range<DType::BF16>(src, v.bf16, out, count);
+      }
+    });
+  }
+
+  template <DType kOut>
+  static void convert_range(const uint8_t* src, bool bf16, uint8_t* out, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      const float x = value_at(src, static_cast<int64_t>(i), bf16);
+      if constexpr (kOut == DType::F32) {
+        std::memcpy(out + 4 * i, &x, 4);
+      } else {
+        const uint16_t h = kOut == DType::F16 ? f32_to_f16(x) : f32_to_bf16(x);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+    }
+  }
+
+  Result<Tensor> upload(const std::vector<int64_t>& shape, DType dtype, int64_t n, const uint8_t* data) {
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
     KEV_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, backend_.alloc(bytes, BufferUsage::Weights));
     Tensor t;
     if (shape.size() == 1) {
@@ -132,50 +223,27 @@ class Uploader {
     } else {
       t = Tensor::contiguous(buffer.get(), 0, dtype, {shape[0], shape[1]});
     }
-    if (dtype == DType::BF16 || dtype == DType::F16) {
-      const float* v = data.data();
-      if (dtype == DType::F16) {
-        const int64_t bad =
-            parallel_find_first(static_cast<int64_t>(n), kGrain, [v](int64_t i) { return std::fabs(v[i]) > kF16Max; });
-        KEV_CHECK(bad == static_cast<int64_t>(n), ErrorCode::InvalidArtifact, "weight '", name, "' holds ",
-                  bad < static_cast<int64_t>(n) ? v[bad] : 0.0f, ", beyond FP16's range (", kF16Max,
-                  "); load this model with 16-bit GEMMs in BF16 (CUDA: --cuda-gemm bf16x2)");
-      }
-      half_.resize(n);
-      uint16_t* h = half_.data();
-      parallel_chunks(static_cast<int64_t>(n), kGrain, [&](int64_t begin, int64_t end) {
-        if (dtype == DType::BF16) {
-          f32_to_bf16(v + begin, h + begin, static_cast<size_t>(end - begin));
-        } else {
-          f32_to_f16(v + begin, h + begin, static_cast<size_t>(end - begin));
-        }
-      });
-      KEV_TRY(backend_.upload(t, half_.data(), bytes));
-    } else {
-      KEV_TRY(backend_.upload(t, data.data(), bytes));
-    }
+    KEV_TRY(backend_.upload(t, data, bytes));
     out_.bytes += bytes;
     out_.buffers.push_back(std::move(buffer));
     return t;
   }
 
   Backend& backend_;
-  const TensorSource& source_;
+  const WeightReader& reader_;
   DType matmul_dtype_;
   ModelWeights& out_;
-  std::vector<float> stacked_;  // reused: the stacked projections of one group
-  std::vector<uint16_t> half_;  // reused: a projection converted to FP16 / BF16
+  HostTensor owned_;              // values the reader computed, for the weight being loaded
+  std::vector<uint8_t> staging_;  // reused: a weight converted to the backend's dtype, or a stack of them
 };
 
-}  // namespace
-
-Result<ModelWeights> upload_weights(Backend& backend, const ModelConfig& config, int64_t pointer_dim,
-                                    const TensorSource& source, DType matmul_dtype) {
+Result<ModelWeights> upload_from(Backend& backend, const ModelConfig& config, int64_t pointer_dim,
+                                 const WeightReader& reader, DType matmul_dtype) {
   ModelWeights w;
   w.pointer_dim = pointer_dim;
   w.matmul_dtype = matmul_dtype;
   w.layers.resize(static_cast<size_t>(config.n_layers));
-  Uploader up(backend, source, matmul_dtype, w);
+  Uploader up(backend, reader, matmul_dtype, w);
   const std::vector<WeightSpec> specs = weight_specs(config, pointer_dim);
   for (size_t si = 0; si < specs.size(); ++si) {
     const WeightSpec& spec = specs[si];
@@ -240,6 +308,17 @@ Result<ModelWeights> upload_weights(Backend& backend, const ModelConfig& config,
   return w;
 }
 
+}  // namespace
+
+Result<ModelWeights> upload_weights(Backend& backend, const ModelConfig& config, int64_t pointer_dim,
+                                    const TensorSource& source, DType matmul_dtype) {
+  const WeightReader reader = [&](const std::string& name, HostTensor& owned) -> Result<ReadWeight> {
+    KEV_ASSIGN_OR_RETURN(owned, source(name));
+    return owned_values(owned);
+  };
+  return upload_from(backend, config, pointer_dim, reader, matmul_dtype);
+}
+
 DType matmul_dtype_for(const Backend& backend, const ModelConfig& config, const std::string& stored) {
   if (stored != "bf16") return DType::F32;
   const int64_t d = config.n_embd;
@@ -258,14 +337,23 @@ DType matmul_dtype_for(const Backend& backend, const ModelConfig& config, const 
 }
 
 Result<ModelWeights> load_model_weights(Backend& backend, const ModelFile& model) {
-  const DType matmul_dtype = matmul_dtype_for(backend, model.config, model.kev.dtype);
+  return load_model_weights(backend, model, matmul_dtype_for(backend, model.config, model.kev.dtype));
+}
+
+Result<ModelWeights> load_model_weights(Backend& backend, const ModelFile& model, DType matmul_dtype) {
   KEV_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(model.weights_path()));
-  const TensorSource source = [&](const std::string& name) -> Result<HostTensor> {
-    KEV_CHECK(file.find(name) != nullptr, ErrorCode::InvalidArtifact, model.weights_path(), " has no tensor '",
-              name, "'; re-export the model with kev_export");
-    return file.read_f32(name);
+  // FP32 and BF16 tensors are read in place from the mapped file; others widened to FP32 first.
+  const WeightReader reader = [&](const std::string& name, HostTensor& owned) -> Result<ReadWeight> {
+    const SafeTensorInfo* info = file.find(name);
+    KEV_CHECK(info != nullptr, ErrorCode::InvalidArtifact, model.weights_path(), " has no tensor '", name,
+              "'; re-export the model with kev_export");
+    if (info->dtype == StDtype::F32 || info->dtype == StDtype::BF16) {
+      return ReadWeight{info->shape, Values{file.bytes(*info).data(), info->numel(), info->dtype == StDtype::BF16}};
+    }
+    KEV_ASSIGN_OR_RETURN(owned, file.read_f32(*info));
+    return owned_values(owned);
   };
-  return upload_weights(backend, model.config, model.kev.pointer_dim, source, matmul_dtype);
+  return upload_from(backend, model.config, model.kev.pointer_dim, reader, matmul_dtype);
 }
 
 }  // namespace kev

@@ -83,6 +83,9 @@ DType matmul_dtype_for(const Backend& backend, const ModelConfig& config, const 
 // Chooses the projection dtype with matmul_dtype_for and uploads the weights of an exported model.
 struct ModelFile;
 Result<ModelWeights> load_model_weights(Backend& backend, const ModelFile& model);
+// The same with the projections in `matmul_dtype` (which the backend's matmul must take). Its FP32 and
+// BF16 tensors are converted straight from the mapped file, without an FP32 copy of each.
+Result<ModelWeights> load_model_weights(Backend& backend, const ModelFile& model, DType matmul_dtype);
 
 // Every tensor name the model needs, with its expected shape (the writer and the checks use it).
 struct WeightSpec {

@@ -1,5 +1,5 @@
 // Weight upload (model/weights.h): projections of one input stacked into one weight in the order the
-// forward slices them, and the FP16 conversion's exactness and refusals.
+// forward slices them, the FP16 conversion's exactness and refusals, and exported files read in place.
 #include "model/weights.h"
 
 #include <gtest/gtest.h>
@@ -7,12 +7,16 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "common/bf16.h"
 #include "common/check.h"
+#include "io/safetensors.h"
+#include "io/temp_dir.h"
 #include "model/checkpoint_import.h"
+#include "model/model_file.h"
 
 namespace kev {
 namespace {
@@ -119,6 +123,83 @@ TEST(Weights, Fp16ConversionRefusesValuesBeyondItsRangeNamingTheWeight) {
   EXPECT_NE(m.find("layers.1.mlp.up_proj.weight"), std::string::npos) << m;
   EXPECT_NE(m.find("70000"), std::string::npos) << m;
   EXPECT_NE(m.find("65504"), std::string::npos) << m;
+}
+
+// The tiny checkpoint exported in `dtype` ("fp32" | "bf16") under tmp.
+ModelFile exported(const testing::TempDir& tmp, const std::string& dtype) {
+  ImportOptions o;
+  o.checkpoint_dir = o.base_dir = kBase;
+  o.out_dir = tmp.path(dtype);
+  o.dtype = dtype;
+  EXPECT_TRUE(export_checkpoint(o).ok());
+  auto model = read_model_file(o.out_dir);
+  EXPECT_TRUE(model.ok()) << model.status().to_string();
+  return model.ok() ? *model : ModelFile{};
+}
+
+std::vector<uint8_t> bytes_of(Backend& b, const Tensor& t) {
+  std::vector<uint8_t> v(static_cast<size_t>(t.numel()) * dtype_size(t.dtype));
+  EXPECT_TRUE(b.download(t, v.data(), v.size()).ok());
+  return v;
+}
+
+// An exported file's FP32 and BF16 tensors are converted straight from the mapped file: every weight
+// has the bits the FP32 tensor-source path gives (read_f32, then converted), in each projection dtype.
+TEST(Weights, ExportedFilesLoadInPlaceWithTheTensorSourceBits) {
+  testing::TempDir tmp;
+  auto backend = create_backend("cpu", {});
+  ASSERT_TRUE(backend.ok());
+  for (const std::string stored : {"fp32", "bf16"}) {
+    const ModelFile model = exported(tmp, stored);
+    auto file = SafetensorsFile::open(model.weights_path());
+    ASSERT_TRUE(file.ok()) << file.status().to_string();
+    const TensorSource widened = [&](const std::string& name) { return file->read_f32(name); };
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+      auto direct = load_model_weights(**backend, model, dtype);
+      auto via = upload_weights(**backend, model.config, model.kev.pointer_dim, widened, dtype);
+      ASSERT_TRUE(direct.ok() && via.ok()) << stored << " " << dtype_name(dtype);
+      const LayerWeights &d0 = direct->layers[0], &v0 = via->layers[0];
+      EXPECT_EQ(d0.gate_up_proj.dtype, dtype);
+      EXPECT_EQ(bytes_of(**backend, d0.gate_up_proj), bytes_of(**backend, v0.gate_up_proj)) << stored;
+      EXPECT_EQ(bytes_of(**backend, d0.down_proj), bytes_of(**backend, v0.down_proj)) << stored;
+      EXPECT_EQ(bytes_of(**backend, d0.input_norm), bytes_of(**backend, v0.input_norm)) << stored;
+      EXPECT_EQ(bytes_of(**backend, direct->embed), bytes_of(**backend, via->embed)) << stored;
+      EXPECT_EQ(bytes_of(**backend, direct->head.k_weight), bytes_of(**backend, via->head.k_weight)) << stored;
+      EXPECT_EQ(direct->bytes, via->bytes);
+    }
+  }
+}
+
+// A stored BF16 infinity (bit pattern 0x7F80) is refused naming its weight, read in place as it is.
+TEST(Weights, AnInfiniteBf16ValueInAFileIsRefusedNamingTheWeight) {
+  testing::TempDir tmp;
+  const ModelFile model = exported(tmp, "bf16");
+  uint64_t offset = 0;
+  {
+    auto file = SafetensorsFile::open(model.weights_path());
+    ASSERT_TRUE(file.ok());
+    const SafeTensorInfo* info = file->find("layers.1.mlp.down_proj.weight");
+    ASSERT_NE(info, nullptr);
+    ASSERT_EQ(info->dtype, StDtype::BF16);
+    offset = info->offset + 2 * 5;
+  }
+  {
+    std::fstream f(model.weights_path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset));
+    const char inf[2] = {'\x80', '\x7f'};  // 0x7F80, little-endian
+    f.write(inf, 2);
+    ASSERT_TRUE(f.good());
+  }
+  auto backend = create_backend("cpu", {});
+  ASSERT_TRUE(backend.ok());
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    auto w = load_model_weights(**backend, model, dtype);
+    ASSERT_FALSE(w.ok()) << dtype_name(dtype);
+    EXPECT_EQ(w.status().code(), ErrorCode::InvalidArtifact);
+    EXPECT_NE(w.status().to_string().find("'layers.1.mlp.down_proj.weight' holds a non-finite value"),
+              std::string::npos)
+        << w.status().to_string();
+  }
 }
 
 }  // namespace

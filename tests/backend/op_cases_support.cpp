@@ -136,6 +136,7 @@ void add_matmul(std::vector<OpCase>& cases) {
       // blocks, n across several 3-row tiles and row blocks (63 rows at k = 1030, 18 at k = 3584).
       {"ragged", 130, 1030, 67, true, 3, 2},
       {"mlp_down_0.8b", 40, 3584, 1024, false, 0, 0},
+      {"o_proj_0.8b", 250, 2048, 1024, true, 0, 3},  // WebGPU: k split in pieces (matmul.wgsl)
       {"tiny", 4, 5, 3, true, 1, 0},
   };
   for (const M& mm : table) {

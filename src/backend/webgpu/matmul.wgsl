@@ -4,8 +4,8 @@
 // of a weight split on row boundaries at upload: the piece's rows are output columns
 // [col0, col0 + m)), bias [M] or a dummy, out [n, M] (row stride o_st).
 // Three entry points; the dispatch (ops.cpp) takes `matmul_rows` for n ≤ 8, else `matmul` where
-// the output has enough 128×128 tiles to fill a large GPU, else `matmul_small`. Workgroups are
-// folded (linear index, tiles_m tiles per tile row).
+// the output's 128×128 tiles (times the k pieces, below) fill a large GPU, else `matmul_small`.
+// Workgroups are folded (linear index, tiles_m tiles per tile row, then the k pieces).
 // - matmul: one 256-invocation workgroup (16×16) per 128×128 tile. Each invocation owns an 8×8
 //   block — rows {4·ty..4·ty+3, 64+4·ty..+3}, columns {4·tx..4·tx+3, 64+4·tx..+3} — in 16 vec4 FP32
 //   registers: per k it reads two vec4 of x and two of w from workgroup memory and issues 16 vec4
@@ -29,9 +29,16 @@
 // no robustness clamp.
 // All issue the next step's global loads before the current step's FMAs (register prefetch), so
 // the load latency overlaps the arithmetic.
-// Each output element is accumulated in ascending k (zero-padded to a multiple of 16), one FMA per
-// step from 0, bias last, in every entry point: results do not depend on n, on the row's position,
-// or on the entry point picked.
+// Split-K: the host cuts k into `pieces` ranges of k_piece (a multiple of 16; the last one shorter)
+// chosen from the weight's shape alone (ops.cpp). A tiled dispatch then covers every piece: workgroup
+// lin computes tile lin % tiles over piece lin / tiles and stores the partial sums, without bias, to
+// plane `piece` of the output binding (the host binds scratch planes [pieces][n][m] there, o_off +
+// piece · piece_stride); matmul_reduce.wgsl adds the planes in piece order, then the bias.
+// matmul_rows walks all of k itself and folds at the same boundaries, in the same order.
+// Each partial is accumulated in ascending k from its piece's start (zero-padded to a multiple of
+// 16), one FMA per step from 0; the pieces are added in order (piece 0 + piece 1 + ...) and the bias
+// last, in every entry point: results do not depend on n, on the row's position, or on the entry
+// point picked. pieces = 1 (k_piece = k rounded up to 16) is the plain product.
 // Preconditions: n ≥ 1 and m ≥ 1 (the dispatch skips empty outputs), n ≤ 8 for matmul_rows; edges
 // are masked at the store (loads past an edge repeat the last row or column). Workgroup memory:
 // each entry point fits the 16 KiB every adapter offers.
@@ -40,6 +47,7 @@ struct Params {
   n: u32, k: u32, m: u32, tiles_m: u32,
   x_off: u32, x_st: u32, w_off: u32, o_off: u32,
   o_st: u32, col0: u32, bias_off: u32, has_bias: u32,
+  k_piece: u32, pieces: u32, piece_stride: u32, pad0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -65,33 +73,52 @@ const ROWS_Q: u32 = 33u;    // matmul_rows: vec4 per slab row, ROWS_KT / 4 + 1 (
 var<workgroup> ws_rows: array<vec4<f32>, 528>;
 var<workgroup> xs_rows: array<vec4<f32>, 264>;
 
-// Rows r0..r0+3 of x at k = l, zero past k. Rows past the edge read the last row (always in bounds)
+// A tiled workgroup's k piece: k in [k_lo, k_lo + k_len), partials stored from o_base.
+struct Piece {
+  k_lo: u32, k_len: u32, o_base: u32,
+}
+
+// Workgroup lin of a tiled dispatch over `tiles` output tiles per piece (the caller checked lin <
+// tiles · pieces): its piece (its tile is lin % tiles).
+fn piece_of(lin: u32, tiles: u32) -> Piece {
+  let s = lin / tiles;
+  let lo = s * p.k_piece;
+  return Piece(lo, min(p.k_piece, p.k - lo), p.o_off + s * p.piece_stride);
+}
+
+// All of k in one piece, stored at o_off (matmul_rows, which folds the pieces itself).
+fn whole_k() -> Piece {
+  return Piece(0u, p.k, p.o_off);
+}
+
+// Rows r0..r0+3 of x at k = k_lo + l, zero past the piece. Rows past the edge read the last row (always in bounds)
 // unmasked: an output element depends only on its own x row and w column, and the outputs of rows
 // past the edge are never stored, so the four loads need no branches, vector indexing or selects.
-fn load_x(r0: u32, l: u32) -> vec4<f32> {
-  if (l >= p.k) {
+fn load_x(pc: Piece, r0: u32, l: u32) -> vec4<f32> {
+  if (l >= pc.k_len) {
     return vec4<f32>(0.0);
   }
   let last = p.n - 1u;
-  let at = p.x_off + l;
+  let at = p.x_off + pc.k_lo + l;
   return vec4<f32>(x[at + min(r0, last) * p.x_st], x[at + min(r0 + 1u, last) * p.x_st],
                    x[at + min(r0 + 2u, last) * p.x_st], x[at + min(r0 + 3u, last) * p.x_st]);
 }
 
-// Rows (output columns) c0..c0+3 of the w piece at k = l, zero past k; columns past the piece's edge
-// read its last row (as load_x: their outputs are never stored).
-fn load_w(c0: u32, l: u32) -> vec4<f32> {
-  if (l >= p.k) {
+// Rows (output columns) c0..c0+3 of the w piece at k = k_lo + l (rows of k floats), zero past the k
+// piece; columns past the weight piece's edge read its last row (as load_x: their outputs are never
+// stored).
+fn load_w(pc: Piece, c0: u32, l: u32) -> vec4<f32> {
+  if (l >= pc.k_len) {
     return vec4<f32>(0.0);
   }
   let last = p.m - 1u;
-  let at = p.w_off + l;
+  let at = p.w_off + pc.k_lo + l;
   return vec4<f32>(w[at + min(c0, last) * p.k], w[at + min(c0 + 1u, last) * p.k],
                    w[at + min(c0 + 2u, last) * p.k], w[at + min(c0 + 3u, last) * p.k]);
 }
 
-// Columns c..c+3 of row r (bias added, edges masked).
-fn store4(r: u32, c: u32, v: vec4<f32>) {
+// Columns c..c+3 of row r (bias added, edges masked) from o_base.
+fn store4(o_base: u32, r: u32, c: u32, v: vec4<f32>) {
   if (r >= p.n) {
     return;
   }
@@ -101,7 +128,7 @@ fn store4(r: u32, c: u32, v: vec4<f32>) {
       if (p.has_bias != 0u) {
         y += bias[p.bias_off + p.col0 + c + j];
       }
-      out[p.o_off + r * p.o_st + p.col0 + c + j] = y;
+      out[o_base + r * p.o_st + p.col0 + c + j] = y;
     }
   }
 }
@@ -114,11 +141,11 @@ fn row_quad(lid: u32) -> u32 {
   return (lid / 16u) & 15u;
 }
 
-fn store_block4(r: u32, c: u32, a: Block4) {
-  store4(r, c, a.r0);
-  store4(r + 1u, c, a.r1);
-  store4(r + 2u, c, a.r2);
-  store4(r + 3u, c, a.r3);
+fn store_block4(o_base: u32, r: u32, c: u32, a: Block4) {
+  store4(o_base, r, c, a.r0);
+  store4(o_base, r + 1u, c, a.r1);
+  store4(o_base, r + 2u, c, a.r2);
+  store4(o_base, r + 3u, c, a.r3);
 }
 
 // The 8×8 block of matmul as four 4×4 quarters (rows lo/hi, columns lo/hi).
@@ -150,19 +177,19 @@ struct Quads128 {
   x0: vec4<f32>, x1: vec4<f32>, w0: vec4<f32>, w1: vec4<f32>,
 }
 
-fn load128(t: Tile128, k0: u32) -> Quads128 {
+fn load128(pc: Piece, t: Tile128, k0: u32) -> Quads128 {
   let l = k0 + t.kk_load;
-  return Quads128(load_x(t.row0 + 4u * t.q_load, l), load_x(t.row0 + 64u + 4u * t.q_load, l),
-                  load_w(t.colt0 + 4u * t.q_load, l), load_w(t.colt0 + 64u + 4u * t.q_load, l));
+  return Quads128(load_x(pc, t.row0 + 4u * t.q_load, l), load_x(pc, t.row0 + 64u + 4u * t.q_load, l),
+                  load_w(pc, t.colt0 + 4u * t.q_load, l), load_w(pc, t.colt0 + 64u + 4u * t.q_load, l));
 }
 
-fn store_block8(t: Tile128, a: Block8) {
+fn store_block8(pc: Piece, t: Tile128, a: Block8) {
   let r_lo = t.row0 + 4u * t.ty;
   let c_lo = t.colt0 + 4u * t.tx;
-  store_block4(r_lo, c_lo, a.ll);
-  store_block4(r_lo, c_lo + 64u, a.lh);
-  store_block4(r_lo + 64u, c_lo, a.hl);
-  store_block4(r_lo + 64u, c_lo + 64u, a.hh);
+  store_block4(pc.o_base, r_lo, c_lo, a.ll);
+  store_block4(pc.o_base, r_lo, c_lo + 64u, a.lh);
+  store_block4(pc.o_base, r_lo + 64u, c_lo, a.hl);
+  store_block4(pc.o_base, r_lo + 64u, c_lo + 64u, a.hh);
 }
 
 fn zero_block8() -> Block8 {
@@ -172,21 +199,23 @@ fn zero_block8() -> Block8 {
 @compute @workgroup_size(256)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
-  let tile = linear_group(wid, nwg);
-  if (tile >= (p.n + 127u) / 128u * p.tiles_m) {
+  let lin = linear_group(wid, nwg);
+  let tiles = (p.n + 127u) / 128u * p.tiles_m;
+  if (lin >= tiles * p.pieces) {
     return;
   }
-  let t = tile128(tile, lid);
-  var pre = load128(t, 0u);
+  let pc = piece_of(lin, tiles);
+  let t = tile128(lin % tiles, lid);
+  var pre = load128(pc, t, 0u);
   var acc = zero_block8();
-  for (var k0 = 0u; k0 < p.k; k0 += KT) {
+  for (var k0 = 0u; k0 < pc.k_len; k0 += KT) {
     xs[t.st_lo] = pre.x0;
     xs[t.st_lo + 16u] = pre.x1;
     ws[t.st_lo] = pre.w0;
     ws[t.st_lo + 16u] = pre.w1;
     workgroupBarrier();
-    if (k0 + KT < p.k) {
-      pre = load128(t, k0 + KT);
+    if (k0 + KT < pc.k_len) {
+      pre = load128(pc, t, k0 + KT);
     }
     for (var kk = 0u; kk < KT; kk++) {
       let s = kk & 7u;
@@ -196,16 +225,19 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     workgroupBarrier();
   }
-  store_block8(t, acc);
+  store_block8(pc, t, acc);
 }
 
 @compute @workgroup_size(256)
 fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-  let tile = linear_group(wid, nwg);
-  if (tile >= (p.n + 63u) / 64u * p.tiles_m) {
+  let lin = linear_group(wid, nwg);
+  let tiles = (p.n + 63u) / 64u * p.tiles_m;
+  if (lin >= tiles * p.pieces) {
     return;
   }
+  let pc = piece_of(lin, tiles);
+  let tile = lin % tiles;
   let row0 = (tile / p.tiles_m) * 64u;
   let colt0 = (tile % p.tiles_m) * 64u;
   let ty = row_quad(lid);
@@ -215,18 +247,18 @@ fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   let q_load = lid / KT;
   let st = kk_load * 16u + (q_load ^ (kk_load & 7u));
 
-  var px = load_x(row0 + 4u * q_load, kk_load);
-  var pw = load_w(colt0 + 4u * q_load, kk_load);
+  var px = load_x(pc, row0 + 4u * q_load, kk_load);
+  var pw = load_w(pc, colt0 + 4u * q_load, kk_load);
   xs_small[st] = px;
   ws_small[st] = pw;
   workgroupBarrier();
   var acc = zero_block4();
   var cur = 0u;  // the tile pair being read: 0 or 256
-  for (var k0 = 0u; k0 < p.k; k0 += KT) {
-    let more = k0 + KT < p.k;
+  for (var k0 = 0u; k0 < pc.k_len; k0 += KT) {
+    let more = k0 + KT < pc.k_len;
     if (more) {
-      px = load_x(row0 + 4u * q_load, k0 + KT + kk_load);
-      pw = load_w(colt0 + 4u * q_load, k0 + KT + kk_load);
+      px = load_x(pc, row0 + 4u * q_load, k0 + KT + kk_load);
+      pw = load_w(pc, colt0 + 4u * q_load, k0 + KT + kk_load);
     }
     for (var kk = 0u; kk < KT; kk++) {
       let s = kk & 7u;
@@ -242,7 +274,7 @@ fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
     workgroupBarrier();
   }
-  store_block4(row0 + 4u * ty, colt0 + 4u * tx, acc);
+  store_block4(pc.o_base, row0 + 4u * ty, colt0 + 4u * tx, acc);
 }
 
 // matmul_rows: w columns (put_w_rows) or x rows (put_x_rows) c0..c0+3 at k = l of the step.
@@ -272,6 +304,7 @@ fn matmul_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     return;
   }
   let colt0 = tile * 16u;
+  let pc = whole_k();
   // Loader role: k offset lid of the step (128 neighbours read 128 consecutive k of one row:
   // 512-byte runs) for w rows colt0..colt0+15 and x rows 0..7, prefetched one step ahead: iteration
   // t stores step t-1's registers, loads step t and accumulates step t-1.
@@ -284,7 +317,9 @@ fn matmul_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   // Compute role: one output element.
   let row = lid / 16u;
   let col = lid % 16u;
-  var acc = 0.0;
+  var acc = 0.0;             // the current k piece
+  var sum = 0.0;             // the pieces before it, added in order
+  var next = p.k_piece;      // where the next piece starts (never reached when pieces = 1)
   for (var k0 = 0u; k0 < p.k + ROWS_KT; k0 += ROWS_KT) {
     if (k0 > 0u) {
       put_w_rows(lid, 0u, pw0);
@@ -296,18 +331,23 @@ fn matmul_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
     workgroupBarrier();
     if (k0 < p.k) {
-      pw0 = load_w(colt0, k0 + lid);
-      pw1 = load_w(colt0 + 4u, k0 + lid);
-      pw2 = load_w(colt0 + 8u, k0 + lid);
-      pw3 = load_w(colt0 + 12u, k0 + lid);
-      px0 = load_x(0u, k0 + lid);
-      px1 = load_x(4u, k0 + lid);
+      pw0 = load_w(pc, colt0, k0 + lid);
+      pw1 = load_w(pc, colt0 + 4u, k0 + lid);
+      pw2 = load_w(pc, colt0 + 8u, k0 + lid);
+      pw3 = load_w(pc, colt0 + 12u, k0 + lid);
+      px0 = load_x(pc, 0u, k0 + lid);
+      px1 = load_x(pc, 4u, k0 + lid);
     }
     if (k0 > 0u) {
       // Up to k rounded up to 16 (the zero-filled tail): the same FMAs as the tiled entry points,
       // so even the sign of a zero result agrees.
       let quads = min(ROWS_KT, ((p.k + 15u) & ~15u) - (k0 - ROWS_KT)) / 4u;
       for (var q = 0u; q < quads; q++) {
+        if (k0 - ROWS_KT + 4u * q == next) {
+          sum = select(acc, sum + acc, next > p.k_piece);
+          acc = 0.0;
+          next += p.k_piece;
+        }
         let xv = xs_rows[row * ROWS_Q + q];
         let wv = ws_rows[col * ROWS_Q + q];
         acc = fma(xv.x, wv.x, acc);
@@ -320,7 +360,7 @@ fn matmul_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   }
   let c = colt0 + col;
   if (row < p.n && c < p.m) {
-    var y = acc;
+    var y = select(acc, sum + acc, next > p.k_piece);
     if (p.has_bias != 0u) {
       y += bias[p.bias_off + p.col0 + c];
     }

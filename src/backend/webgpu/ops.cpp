@@ -32,6 +32,15 @@ constexpr uint64_t kMatmulSmallTile = 64;        // ... of its `matmul_small`
 constexpr uint64_t kMatmulMinLargeTiles = 264;   // `matmul` from this many 128×128 output tiles
 constexpr int64_t kMatmulMaxRows = 8;        // rows of `matmul_rows` (one x row per 16 invocations)
 constexpr uint64_t kMatmulRowsColumns = 16;  // output columns per `matmul_rows` workgroup
+// Split-K (matmul.wgsl): a weight whose output would have fewer than kMatmulMinLargeTiles 128×128
+// tiles in a pass of kMatmulSplitRows rows gets its k cut into pieces, enough for about
+// kMatmulSplitTiles tiles in such a pass (about four waves of an H200), each piece at least
+// kMatmulMinPieceK long. The 0.8B's m = 1,024 projections (k 3,584 and 2,048) get 8 pieces: the best
+// or within noise of the best of 1–10 pieces and either tiled kernel at 2,187, 250 and 222 rows on
+// the H200 (docs/backends.md).
+constexpr uint64_t kMatmulSplitRows = 2048;
+constexpr uint64_t kMatmulSplitTiles = 1024;
+constexpr uint64_t kMatmulMinPieceK = 256;
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 uint32_t u32(int64_t v) { return static_cast<uint32_t>(v); }
@@ -51,6 +60,7 @@ const KernelSpec kGdnGates{"gdn_gates", "gdn_gates", 6};
 const KernelSpec kMatmul{"matmul", "matmul", 4};
 const KernelSpec kMatmulSmall{"matmul", "matmul_small", 4};
 const KernelSpec kMatmulRows{"matmul", "matmul_rows", 4};
+const KernelSpec kMatmulReduce{"matmul_reduce", "matmul_reduce", 3};
 const KernelSpec kConv{"causal_conv1d", "conv", 6};
 const KernelSpec kConvState{"causal_conv1d", "conv_state", 6};
 const KernelSpec kRope{"rope", "rope", 3};
@@ -112,9 +122,15 @@ struct GatesParams {
 static_assert(sizeof(GatesParams) == 48);
 
 struct MatmulParams {
-  uint32_t n, k, m, tiles_m, x_off, x_st, w_off, o_off, o_st, col0, bias_off, has_bias;
+  uint32_t n, k, m, tiles_m, x_off, x_st, w_off, o_off, o_st, col0, bias_off, has_bias, k_piece, pieces,
+      piece_stride, pad0;
 };
-static_assert(sizeof(MatmulParams) == 48);
+static_assert(sizeof(MatmulParams) == 64);
+
+struct MatmulReduceParams {
+  uint32_t n, m, pieces, o_off, o_st, col0, bias_off, has_bias;
+};
+static_assert(sizeof(MatmulReduceParams) == 32);
 
 struct ConvParams {
   uint32_t n, c, k, n_seqs, x_off, x_st, w_off, si_off, o_off, o_st, so_off, has_prefix, len, pad0, pad1, pad2;
@@ -435,6 +451,29 @@ Status WebGpuBackend::gdn_gates(const Tensor& b, const Tensor& a, const Tensor& 
 
 // ---- matmul -------------------------------------------------------------------------------------
 
+namespace {
+
+// matmul.wgsl's k pieces for a weight of m rows of k: a function of the weight's shape alone, never of
+// the pass, so a row gets the same partial sums, added in the same order, in every pass and from every
+// entry point. piece_k is a multiple of 16 (k rounded up to 16 for one piece).
+struct KSplit {
+  uint64_t piece_k, pieces;
+};
+
+KSplit matmul_split(int64_t m, int64_t k) {
+  const uint64_t blocks = ceil_div(static_cast<uint64_t>(k), 16);
+  const uint64_t ref_tiles = ceil_div(kMatmulSplitRows, kMatmulTile) * ceil_div(static_cast<uint64_t>(m), kMatmulTile);
+  uint64_t want = 1;
+  if (ref_tiles < kMatmulMinLargeTiles) {
+    want = std::min(ceil_div(kMatmulSplitTiles, ref_tiles), static_cast<uint64_t>(k) / kMatmulMinPieceK);
+  }
+  want = std::max<uint64_t>(want, 1);
+  const uint64_t piece_k = ceil_div(blocks, want) * 16;
+  return {piece_k, piece_k == 0 ? 1 : ceil_div(static_cast<uint64_t>(k), piece_k)};
+}
+
+}  // namespace
+
 Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
   constexpr const char* kOp = "matmul";
   KEV_TRY(cpu::check_matmul({kOp, false}, x, w, bias, out));
@@ -466,6 +505,7 @@ Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bia
     }
   }
   for (Part& part : parts) KEV_TRY(separate(kOp, {&bx, &bb, &part.bw}, {&bo}));
+  const KSplit split = matmul_split(m, k);
   MatmulParams p{};
   p.n = u32(n);
   p.k = u32(k);
@@ -475,27 +515,78 @@ Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bia
   p.o_st = u32(n > 1 ? out.stride[0] : m);
   p.bias_off = bb.off;
   p.has_bias = bias.empty() ? 0 : 1;
+  p.k_piece = u32(split.piece_k);
+  p.pieces = 1;
+  // Split-K passes of more rows than matmul_rows takes: the tiled kernels write partial planes
+  // [pieces][rows][cols] to one scratch binding, taken once for the op and reused by every weight
+  // piece, for as many rows at a time as fit the binding limit (a multiple of 128 when 128 fit).
+  const bool split_pass = n > kMatmulMaxRows && split.pieces > 1;
+  int64_t chunk_rows = n;
+  Binding planes;
+  if (split_pass) {
+    int64_t max_cols = 0;
+    for (const Part& part : parts) max_cols = std::max(max_cols, part.cols);
+    const uint64_t row_bytes = split.pieces * static_cast<uint64_t>(max_cols) * sizeof(float);
+    const int64_t fit = static_cast<int64_t>(limits_.max_binding / row_bytes);
+    KEV_CHECK(fit >= 1, ErrorCode::Unsupported, kOp, ": one row's ", split.pieces, " partial sums of ", max_cols,
+              " columns exceed the storage binding limit of ", limits_.max_binding, " bytes");
+    if (fit < n) chunk_rows = fit >= int64_t{kMatmulTile} ? fit / kMatmulTile * kMatmulTile : fit;
+    KEV_ASSIGN_OR_RETURN(planes, device_->scratch(static_cast<uint64_t>(chunk_rows) * row_bytes));
+  }
   for (const Part& part : parts) {
     p.m = u32(part.cols);
     p.w_off = part.bw.off;
     p.col0 = u32(part.col0);
     if (n <= kMatmulMaxRows) {
+      // Folds the k pieces itself.
       p.tiles_m = u32(ceil_div(part.cols, kMatmulRowsColumns));
       KEV_TRY(dispatch(kOp, kMatmulRows, &p, sizeof p, {bx.b, part.bw.b, bb.b, bo.b}, p.tiles_m));
       continue;
     }
-    // 128×128 tiles where there are enough of them to fill a large GPU (an H200 has 132
-    // multiprocessors, each running two such workgroups), else 64×64 tiles. Measured on the H200
-    // (docs/backends.md): long's 2,187 × 1,024 outputs (144 tiles of 128, half the GPU's slots) ran
-    // at 13 TFLOP/s as 128×128 tiles, and the prefill took 9 ms less with them as 64×64 tiles (the
-    // threshold at 264 instead of 128); a double-buffered 128×128 kernel (32 KiB) ran at 13 TFLOP/s
-    // against this one's 24 at 4096³, and 32×64 tiles for the smallest outputs gained nothing over
-    // 64×64.
-    const bool large = ceil_div(n, kMatmulTile) * ceil_div(part.cols, kMatmulTile) >= kMatmulMinLargeTiles;
-    const uint64_t tile = large ? kMatmulTile : kMatmulSmallTile;
-    p.tiles_m = u32(ceil_div(part.cols, tile));
-    KEV_TRY(dispatch(kOp, large ? kMatmul : kMatmulSmall, &p, sizeof p, {bx.b, part.bw.b, bb.b, bo.b},
-                     ceil_div(n, tile) * p.tiles_m));
+    if (!split_pass) {
+      // 128×128 tiles where there are enough of them to fill a large GPU (an H200 has 132
+      // multiprocessors, each running two such workgroups), else 64×64 tiles. Measured on the H200
+      // (docs/backends.md): long's 2,187 × 1,024 outputs (144 tiles of 128, half the GPU's slots) ran
+      // at 13 TFLOP/s as 128×128 tiles, and the prefill took 9 ms less with them as 64×64 tiles (the
+      // threshold at 264 instead of 128); a double-buffered 128×128 kernel (32 KiB) ran at 13 TFLOP/s
+      // against this one's 24 at 4096³, and 32×64 tiles for the smallest outputs gained nothing over
+      // 64×64.
+      const bool large = ceil_div(n, kMatmulTile) * ceil_div(part.cols, kMatmulTile) >= kMatmulMinLargeTiles;
+      const uint64_t tile = large ? kMatmulTile : kMatmulSmallTile;
+      p.tiles_m = u32(ceil_div(part.cols, tile));
+      KEV_TRY(dispatch(kOp, large ? kMatmul : kMatmulSmall, &p, sizeof p, {bx.b, part.bw.b, bb.b, bo.b},
+                       ceil_div(n, tile) * p.tiles_m));
+      continue;
+    }
+    for (int64_t r0 = 0; r0 < n; r0 += chunk_rows) {
+      const int64_t rows = std::min(chunk_rows, n - r0);
+      MatmulParams q = p;
+      q.n = u32(rows);
+      q.x_off = u32(p.x_off + static_cast<uint64_t>(r0) * p.x_st);
+      q.o_off = 0;
+      q.o_st = p.m;
+      q.col0 = 0;
+      q.has_bias = 0;
+      q.pieces = u32(split.pieces);
+      q.piece_stride = u32(rows * part.cols);
+      const bool large =
+          ceil_div(rows, kMatmulTile) * ceil_div(part.cols, kMatmulTile) * split.pieces >= kMatmulMinLargeTiles;
+      const uint64_t tile = large ? kMatmulTile : kMatmulSmallTile;
+      q.tiles_m = u32(ceil_div(part.cols, tile));
+      KEV_TRY(dispatch(kOp, large ? kMatmul : kMatmulSmall, &q, sizeof q, {bx.b, part.bw.b, bb.b, planes},
+                       ceil_div(rows, tile) * q.tiles_m * split.pieces));
+      MatmulReduceParams r{};
+      r.n = u32(rows);
+      r.m = p.m;
+      r.pieces = u32(split.pieces);
+      r.o_off = u32(p.o_off + static_cast<uint64_t>(r0) * p.o_st);
+      r.o_st = p.o_st;
+      r.col0 = p.col0;
+      r.bias_off = p.bias_off;
+      r.has_bias = p.has_bias;
+      KEV_TRY(dispatch(kOp, kMatmulReduce, &r, sizeof r, {planes, bb.b, bo.b},
+                       ceil_div(static_cast<uint64_t>(rows * part.cols), kGroup)));
+    }
   }
   return Status::success();
 }

@@ -112,11 +112,12 @@ TEST(DISABLED_Perf, GatedDeltaRuleT256Hv16) {
 }
 
 // CUDA timing of the gated delta rule at the 4B shapes (Hk = 16, Hv = 32, dk = dv = 128; the 0.8B
-// has Hv = 16), from a state. The backend records ops and runs them at synchronize(), so one timed run enqueues `reps`
-// calls and waits once: the per-call time is GPU time plus the (graph-replayed) launch cost, without
-// the host round trip. Skips when no CUDA device can be opened.
+// has Hv = 16), from a state (from_zero: from the zero state, as a model's first prefill). The backend
+// records ops and runs them at synchronize(), so one timed run enqueues `reps` calls and waits once:
+// the per-call time is GPU time plus the (graph-replayed) launch cost, without the host round trip.
+// Skips when no CUDA device can be opened.
 void time_cuda_gdn(const std::string& label, const std::vector<int64_t>& lens, bool with_state_out,
-                   int64_t Hv = 32) {
+                   int64_t Hv = 32, bool from_zero = false) {
   auto r = create_backend("cuda", BackendOptions{});
   if (!r.ok()) GTEST_SKIP() << "no CUDA backend: " << r.status().to_string();
   Backend& b = *r.value();
@@ -125,7 +126,7 @@ void time_cuda_gdn(const std::string& label, const std::vector<int64_t>& lens, b
   SeqLayout layout;
   layout.offsets = {0};
   for (int64_t len : lens) layout.offsets.push_back(static_cast<int32_t>(T += len));
-  layout.from_prefix = true;
+  layout.from_prefix = !from_zero;
   std::vector<float> g, beta;
   random_gates(T * Hv, 11, g, beta);
   const DeviceTensor q = make_f32(b, {T, Hk, d}, randn(T * Hk * d, 1.0f / std::sqrt(128.0f), 12));
@@ -151,6 +152,10 @@ TEST(DISABLED_Perf, GatedDeltaRuleCuda4bT2187) {
 
 TEST(DISABLED_Perf, GatedDeltaRuleCuda4bT250) {
   time_cuda_gdn("cuda gated_delta_rule 4b, 1 x 250 tokens from a state, with state_out", {250}, true);
+}
+
+TEST(DISABLED_Perf, GatedDeltaRuleCuda08bT250) {
+  time_cuda_gdn("cuda gated_delta_rule 0.8b, 1 x 250 tokens from zero, with state_out", {250}, true, 16, true);
 }
 
 TEST(DISABLED_Perf, GatedDeltaRuleCuda4bRows6x37) {

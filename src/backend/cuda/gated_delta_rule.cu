@@ -56,19 +56,23 @@
 // at once), the value heads' g and β one head ahead (the first during those copies). Shared memory: Q,
 // K and Γ, 66.5 KiB at dk = 128.
 // (2) gdn_chunked_kernel, the recurrence. Column j of S evolves using only column j of S and v (q, k,
-// g, β are shared), so the dv columns are split into slices of 32 (masked past dv): grid
-// (ceil(dv/32), Hv, n_seqs), 256 threads, one block walking its sequence's chunks in order with its
-// [dk, 32] state slice in an FP32 shared copy, the B operand of [Q;K]·S₀, which the state update
-// rewrites in place (each thread the elements of its m16n8 accumulator tiles; warp w: dk/32 tiles of
-// one 16-row band). The 4B model (Hv = 32, dv = 128) gives 128 blocks for one sequence, the 0.8B
-// (Hv = 16) 64. Each block reads its q/k/v/g/β rows once and writes its out columns once. Per chunk:
+// g, β are shared), so the dv columns are split into slices of SL = 32 (masked past dv): grid
+// (ceil(dv/SL), Hv, n_seqs), 256 threads, one block walking its sequence's chunks in order with its
+// [dk, SL] state slice in an FP32 shared copy, the B operand of [Q;K]·S₀, which the state update
+// rewrites in place (each thread the elements of its m16n8 accumulator tiles; warp w: dk·SL/1024
+// tiles of one 16-row band). The 4B model (Hv = 32, dv = 128) gives 128 blocks for one sequence. A
+// long pass whose 32-column grid would fill at most half the SMs (the 0.8B prefill, Hv = 16: 64
+// blocks on the H200's 132) walks slices of SL = 16 instead (dk >= 64): twice the blocks, each with
+// half the columns of every product (one n8 tile a warp where the text below says two) and 86.25 KiB
+// of shared memory; the choice depends on dv, Hv, n_seqs and the SM count only. Each block reads its
+// q/k/v/g/β rows once and writes its out columns once. Per chunk:
 // load (Q, K, V slice, g, β; Γ by a warp scan in double) | P and M from the workspace into registers
 // (only what the products kernel writes: 5 float4 a thread); [Q;K]·S₀ (warp w: rows 16·(w%4).. of Q
-// and of K, columns 16·(w/4)..; R written over V, γQS₀ kept in registers) | P and M stored over the
-// dead Q | blocked substitution (warp w < 4 owns the n8 column tile 8w.., which depends on no other
-// column, so it needs only warp-level syncs; Y_b and Δ_b overwrite R in place; warps 4..7 wait at the
-// barrier) | O = γQS₀ + PΔ on the same tiles, written to out; state update. Shared memory (rows padded
-// so that fragment reads hit 32 banks: Q, K, P, M by 4 floats, S₀ and V/R/Δ by 8): 98.25 KiB at
+// and of K, columns SL/2·(w/4)..; R written over V, γQS₀ kept in registers) | P and M stored over the
+// dead Q | blocked substitution (warp w < SL/8 owns the n8 column tile 8w.., which depends on no other
+// column, so it needs only warp-level syncs; Y_b and Δ_b overwrite R in place; the other warps wait at
+// the barrier) | O = γQS₀ + PΔ on the same tiles, written to out; state update. Shared memory (rows
+// padded so that fragment reads hit 32 banks: Q, K, P, M by 4 floats, S₀ and V/R/Δ by 8): 98.25 KiB at
 // dk = 128 (72.25 at 64, 59.25 at 32), within the 99 KiB per-block limit of sm_86/sm_89. Two variants.
 // A pass with a long sequence fetches the next chunk's q/k/v rows into registers during the current
 // chunk, compiled for one block per SM (up to 255 registers). When every sequence fits one chunk
@@ -110,7 +114,8 @@ namespace kev::cuda {
 namespace {
 
 constexpr int kChunk = kGdnChunkTokens;
-constexpr int kSlice = 32;    // state columns (of dv) per block
+constexpr int kSlice = 32;    // state columns (of dv) per block; kNarrow in a long pass with few blocks
+constexpr int kNarrow = 16;
 constexpr int kThreads = 256;
 constexpr int kMaxGridYZ = 65535;
 // Most products one tensor-core accumulator sums from zero (64 dimensions): the FP32 accumulation
@@ -123,19 +128,19 @@ constexpr int kDiagPitch = 16 * 16 + 4;
 
 constexpr int cmax(int x, int y) { return x > y ? x : y; }
 
-static_assert(kThreads == 8 * kSlice, "the substitution maps 8 lanes to each state column");
-static_assert(kChunk == 64 && kSlice == 32, "the warp tilings below assume C = 64 and 32-column slices");
+static_assert(kChunk == 64 && kThreads == 256, "the warp tilings below assume C = 64 and 8 warps");
 
-template <int DK>
+template <int DK, int SL = kSlice>
 struct GdnLayout {
+  static_assert(SL == kSlice || SL == kNarrow, "the warp tilings below assume 32- or 16-column slices");
   // Row pitches: ≡ 4 (mod 32) for matrices read as A fragments (row g, column t: 32 banks), ≡ 8 for
   // those read as B fragments (row t, column g: 32 banks).
   static constexpr int kLdQK = DK + 4;      // Q, K rows
   static constexpr int kLdCC = kChunk + 4;  // P, M rows
-  static constexpr int kLdS = kSlice + 8;   // S₀ copy rows
-  static constexpr int kLdV = kSlice + 8;   // V / R / Δ rows
-  // State tiles (m16n8) per warp: the [DK, 32] slice is (DK/16)·4 tiles over 8 warps.
-  static constexpr int kTilesPerWarp = DK / 16 * (kSlice / 8) / 8;
+  static constexpr int kLdS = SL + 8;   // S₀ copy rows
+  static constexpr int kLdV = SL + 8;   // V / R / Δ rows
+  // State tiles (m16n8) per warp: the [DK, SL] slice is (DK/16)·(SL/8) tiles over 8 warps.
+  static constexpr int kTilesPerWarp = DK / 16 * (SL / 8) / 8;
   // Regions in floats after the double Γ[kChunk] block; each starts 16-byte aligned. Q is dead once
   // [Q;K]·S₀ is in registers, so P and M are stored over it.
   static constexpr int kQRegion = cmax(kChunk * kLdQK, 2 * kChunk * kLdCC);
@@ -151,7 +156,7 @@ struct GdnLayout {
   static constexpr int kFloats = kWLast + kChunk;
   static constexpr size_t kBytes = kChunk * sizeof(double) + kFloats * sizeof(float);
   static_assert(kM % 4 == 0 && kK % 4 == 0 && kS % 4 == 0 && kR % 4 == 0, "float4 alignment");
-  static_assert(kTilesPerWarp >= 1 && 4 % kTilesPerWarp == 0, "a warp's state tiles share one 16-row band");
+  static_assert(kTilesPerWarp >= 1 && (SL / 8) % kTilesPerWarp == 0, "a warp's state tiles share one 16-row band");
   // Fits the 99 KiB per-block limit of sm_86/sm_89 (sm_80: 163 KiB, sm_90: 227 KiB).
   static_assert(kBytes <= 99 * 1024, "shared memory exceeds the smallest supported per-block limit");
 };
@@ -234,6 +239,38 @@ int64_t max_chunks(const GdnArgs& a) {
   return a.n_tokens > 0 ? static_cast<int64_t>(a.n_seqs) + a.n_tokens / kChunk : 0;
 }
 
+// Rows [0, kRows) × columns [0, kCols) of a row-major global tile (row stride ld) into shared memory
+// (row pitch ldd) by cp.async, not waited for: element (i, j) is copied when i < live_rows and
+// j < live_cols and written as zero otherwise. vec: 16-byte copies (src rows 16-byte aligned,
+// live_cols % 4 == 0); else 4-byte ones. src must be a valid address even when nothing is live.
+// Vector path: thread tid copies one column group of rows i0, i0 + kStep, ...: its addresses advance
+// by constant strides, a few instructions a copy (a loop over idx = tid + u·kThreads with per-copy
+// index math cost ~30, a quarter of the recurrence kernel's issued instructions in short passes).
+template <int kRows, int kCols>
+__device__ __forceinline__ void stage_tile(float* dst, int ldd, const float* src, int64_t ld, int live_rows,
+                                           int live_cols, bool vec, int tid) {
+  if (vec) {
+    constexpr int kPerRow = kCols / 4, kStep = kThreads / kPerRow;
+    static_assert(kThreads % kPerRow == 0 && kRows % kStep == 0, "each pass covers whole rows");
+    const int i0 = static_cast<unsigned>(tid) / kPerRow, j = 4 * (static_cast<unsigned>(tid) % kPerRow);
+    const float* s = src + i0 * ld + j;
+    float* d = dst + i0 * ldd + j;
+    const int64_t step = kStep * ld;
+    const bool col_live = j < live_cols;
+#pragma unroll
+    for (int u = 0; u < kRows / kStep; ++u) {
+      const bool live = col_live && i0 + u * kStep < live_rows;
+      cp_async<16>(d + u * kStep * ldd, live ? s + u * step : src, live);
+    }
+  } else {
+    for (int idx = tid; idx < kRows * kCols; idx += kThreads) {
+      const int i = idx / kCols, j = idx % kCols;
+      const bool live = i < live_rows && j < live_cols;
+      cp_async<4>(dst + i * ldd + j, live ? src + i * ld + j : src, live);
+    }
+  }
+}
+
 template <int DK>
 struct GdnProductLayout {
   static constexpr int kLdQK = GdnLayout<DK>::kLdQK;
@@ -274,23 +311,8 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
   // K (and Q for P) rows by cp.async, zero past cn: every copy is in flight at once (a plain load /
   // store loop waits out one global latency per iteration, since the stores may alias the loads).
   const int64_t row0 = static_cast<int64_t>(t0) * a.qk_token_stride + static_cast<int64_t>(kh) * DK;
-  if (vec) {
-    for (int idx = tid; idx < kChunk * DK / 4; idx += kThreads) {
-      const int i = idx / (DK / 4), d = 4 * (idx % (DK / 4));
-      const bool live = i < cn;
-      const int64_t off = live ? row0 + i * a.qk_token_stride + d : 0;
-      cp_async<16>(Ks + i * LQK + d, a.k + off, live);
-      if (isP) cp_async<16>(Qs + i * LQK + d, a.q + off, live);
-    }
-  } else {
-    for (int idx = tid; idx < kChunk * DK; idx += kThreads) {
-      const int i = idx / DK, d = idx % DK;
-      const bool live = i < cn;
-      const int64_t off = live ? row0 + i * a.qk_token_stride + d : 0;
-      cp_async<4>(Ks + i * LQK + d, a.k + off, live);
-      if (isP) cp_async<4>(Qs + i * LQK + d, a.q + off, live);
-    }
-  }
+  stage_tile<kChunk, DK>(Ks, LQK, a.k + row0, a.qk_token_stride, cn, DK, vec, tid);
+  if (isP) stage_tile<kChunk, DK>(Qs, LQK, a.q + row0, a.qk_token_stride, cn, DK, vec, tid);
   cp_async_commit();
   // Warp 0 fetches each value head's g and β one head ahead, the first while Q and K arrive.
   float gate[4];
@@ -386,50 +408,27 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
   }
 }
 
-// Rows [0, kRows) × columns [0, kCols) of a row-major global tile (row stride ld) into shared memory
-// (row pitch ldd) by cp.async, not waited for: element (i, j) is copied when i < live_rows and
-// j < live_cols and written as zero otherwise. vec: 16-byte copies (src rows 16-byte aligned,
-// live_cols % 4 == 0); else 4-byte ones. src must be a valid address even when nothing is live.
-template <int kRows, int kCols>
-__device__ __forceinline__ void stage_tile(float* dst, int ldd, const float* src, int64_t ld, int live_rows,
-                                           int live_cols, bool vec, int tid) {
-  if (vec) {
-#pragma unroll
-    for (int idx = tid; idx < kRows * kCols / 4; idx += kThreads) {
-      const int i = idx / (kCols / 4), j = 4 * (idx % (kCols / 4));
-      const bool live = i < live_rows && j < live_cols;
-      cp_async<16>(dst + i * ldd + j, live ? src + i * ld + j : src, live);
-    }
-  } else {
-    for (int idx = tid; idx < kRows * kCols; idx += kThreads) {
-      const int i = idx / kCols, j = idx % kCols;
-      const bool live = i < live_rows && j < live_cols;
-      cp_async<4>(dst + i * ldd + j, live ? src + i * ld + j : src, live);
-    }
-  }
-}
-
 // x[0] += Q S₀, x[1] += K S₀ on one warp's tiles: rows mrow.. (16) of Q and K times columns ncol.. (two
 // n8 tiles) of the S₀ copy, 3xTF32, the big accumulators flushed into x every kRun dimensions. Each B
 // fragment is read and split once for both matrices, and the warp keeps twelve independent
 // accumulators in flight. (Q S₀ and K S₀ one after the other, P and M arriving by cp.async between
 // them in place of the registers below, spilled nothing but timed slower: H200, 6 × 37 rows, 4B 49.9
 // against 48.2 µs, 0.8B 32.2 against 29.4.)
-template <int DK>
+template <int DK, int SL, int NT = SL / 16>
 __device__ __forceinline__ void times_state(const float* Qs, const float* Ks, const float* Ss, int mrow, int ncol,
-                                            int g, int t, float (&x)[2][2][4]) {
-  constexpr int LQK = GdnLayout<DK>::kLdQK, LS = GdnLayout<DK>::kLdS;
-  float lh[2][2][4] = {}, hl[2][2][4] = {};
+                                            int g, int t, float (&x)[2][NT][4]) {
+  constexpr int LQK = GdnLayout<DK, SL>::kLdQK, LS = GdnLayout<DK, SL>::kLdS;
+  float lh[2][NT][4] = {}, hl[2][NT][4] = {};
 #pragma unroll
   for (int kb = 0; kb < DK; kb += kRun) {
-    float big[2][2][4] = {};
+    float big[2][NT][4] = {};
 #pragma unroll
     for (int k0 = kb; k0 < kb + kRun && k0 < DK; k0 += 8) {
       uint32_t ah[2][4], al[2][4];
       load_a(Qs + mrow * LQK + k0, LQK, g, t, ah[0], al[0]);
       load_a(Ks + mrow * LQK + k0, LQK, g, t, ah[1], al[1]);
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < NT; ++n) {
         uint32_t bh[2], bl[2];
         load_b(Ss + (k0 + t) * LS + ncol + 8 * n + g, 4 * LS, bh, bl);
 #pragma unroll
@@ -439,7 +438,7 @@ __device__ __forceinline__ void times_state(const float* Qs, const float* Ks, co
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < NT; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[m][n][e] += big[m][n][e];
       }
@@ -448,7 +447,7 @@ __device__ __forceinline__ void times_state(const float* Qs, const float* Ks, co
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < NT; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) x[m][n][e] += lh[m][n][e] + hl[m][n][e];
     }
@@ -474,11 +473,12 @@ __device__ __forceinline__ MpSlot mp_slot(int tid, int u) {
 // the kernel is compiled for one block per SM (up to 255 registers). Without it (every sequence one
 // chunk, GdnArgs::short_seqs) the chunk's q/k/v are copied by cp.async together with the state, and
 // two blocks share an SM.
-template <int DK, bool kAhead>
+template <int DK, bool kAhead, int SL>
 __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(GdnArgs a, bool vec,
                                                                                const float* products) {
-  using Lay = GdnLayout<DK>;
+  using Lay = GdnLayout<DK, SL>;
   constexpr int LQK = Lay::kLdQK, LCC = Lay::kLdCC, LS = Lay::kLdS, LV = Lay::kLdV, TPW = Lay::kTilesPerWarp;
+  constexpr int NT = SL / 16;  // n8 tiles per warp in the [Q;K]·S₀, R and output phases
   extern __shared__ __align__(16) unsigned char smem_raw[];
   double* Gam = reinterpret_cast<double*>(smem_raw);
   float* base = reinterpret_cast<float*>(Gam + kChunk);
@@ -493,7 +493,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   float* wlast = base + Lay::kWLast;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int c0 = blockIdx.x * kSlice;
+  const int c0 = blockIdx.x * SL;
   const int h = blockIdx.y, r = blockIdx.z;
   const int kh = h / (a.Hv / a.Hk);
   const int dv = a.dv;
@@ -506,9 +506,9 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   // column 8·(sn0 + u) + 2t + e % 2). It arrives by cp.async; in a short pass so do the sequence's one
   // chunk of q, k and the v slice (zero past the sequence end), so that all of the block's loads are in
   // flight at once and hold no registers.
-  const int sm0 = 16 * (warp * TPW / 4), sn0 = warp * TPW % 4;
+  const int sm0 = 16 * (warp * TPW / (SL / 8)), sn0 = warp * TPW % (SL / 8);
   const int64_t state_base = static_cast<int64_t>(h) * DK * dv;
-  stage_tile<DK, kSlice>(Ss, LS, a.state_in != nullptr ? a.state_in + state_base + c0 : a.v, dv,
+  stage_tile<DK, SL>(Ss, LS, a.state_in != nullptr ? a.state_in + state_base + c0 : a.v, dv,
                          a.state_in != nullptr ? DK : 0, dv - c0, vec, tid);
   if constexpr (!kAhead) {
     if (begin < end) {
@@ -516,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
       const int64_t qk0 = static_cast<int64_t>(begin) * a.qk_token_stride + static_cast<int64_t>(kh) * DK;
       stage_tile<kChunk, DK>(Qs, LQK, a.q + qk0, a.qk_token_stride, cn, DK, vec, tid);
       stage_tile<kChunk, DK>(Ks, LQK, a.k + qk0, a.qk_token_stride, cn, DK, vec, tid);
-      stage_tile<kChunk, kSlice>(Rs, LV, a.v + static_cast<int64_t>(begin) * a.v_token_stride + static_cast<int64_t>(h) * dv + c0,
+      stage_tile<kChunk, SL>(Rs, LV, a.v + static_cast<int64_t>(begin) * a.v_token_stride + static_cast<int64_t>(h) * dv + c0,
                                  a.v_token_stride, cn, dv - c0, vec, tid);
     }
   }
@@ -527,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   // (issued before the substitution, stored at the next chunk's start), so their latency overlaps the
   // substitution and the output / state phases. Rows past the sequence end are zero. (The scalar path
   // loads in place.)
-  constexpr int kQK4 = kAhead ? kChunk * DK / 4 / kThreads : 1, kV4 = kAhead ? kChunk * kSlice / 4 / kThreads : 1;
+  constexpr int kQK4 = kAhead ? kChunk * DK / 4 / kThreads : 1, kV4 = kAhead ? kChunk * SL / 4 / kThreads : 1;
   float4 qr[kQK4], kr[kQK4], vr[kV4];
   auto fetch = [&](int tf) {
     const int cf = min(kChunk, end - tf);
@@ -544,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
     }
 #pragma unroll
     for (int u = 0; u < kV4; ++u) {
-      const int idx = tid + u * kThreads, i = idx / (kSlice / 4), c = 4 * (idx % (kSlice / 4));
+      const int idx = tid + u * kThreads, i = idx / (SL / 4), c = 4 * (idx % (SL / 4));
       vr[u] = zero;
       if (i < cf && c0 + c < dv) {  // dv % 4 == 0 here, so the whole float4 is inside the row
         vr[u] = ld4(a.v + static_cast<int64_t>(tf + i) * a.v_token_stride + static_cast<int64_t>(h) * dv + c0 + c);
@@ -562,7 +562,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
 
   // Tensor-core tiles of the per-chunk products: warp w covers rows mrow.. (16) of Q, K, P and the
   // output, columns ncol.. (16, two n8 tiles) of the slice.
-  const int mrow = 16 * (warp & 3), ncol = 16 * (warp >> 2);
+  const int mrow = 16 * (warp & 3), ncol = SL / 2 * (warp >> 2);
 
   for (int t0 = begin; t0 < end; t0 += kChunk) {
     const int cn = min(kChunk, end - t0);
@@ -579,7 +579,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
         }
 #pragma unroll
         for (int u = 0; u < kV4; ++u) {
-          const int idx = tid + u * kThreads, i = idx / (kSlice / 4), c = 4 * (idx % (kSlice / 4));
+          const int idx = tid + u * kThreads, i = idx / (SL / 4), c = 4 * (idx % (SL / 4));
           *reinterpret_cast<float4*>(Rs + i * LV + c) = vr[u];
         }
       } else {
@@ -594,8 +594,8 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
           Qs[i * LQK + d] = qv;
           Ks[i * LQK + d] = kv;
         }
-        for (int idx = tid; idx < kChunk * kSlice; idx += kThreads) {
-          const int i = idx / kSlice, c = idx % kSlice;
+        for (int idx = tid; idx < kChunk * SL; idx += kThreads) {
+          const int i = idx / SL, c = idx % SL;
           float vv = 0.0f;
           if (i < cn && c0 + c < dv) {
             vv = a.v[static_cast<int64_t>(t0 + i) * a.v_token_stride + static_cast<int64_t>(h) * dv + c0 + c];
@@ -622,8 +622,8 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
       mp[u] = sl.i < cn ? ld4(src + (sl.mat * kChunk + sl.i) * kChunk + sl.j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     // x[0] = Q S₀, x[1] = K S₀ on this warp's tiles (3xTF32; padded rows >= cn are zero).
-    float x[2][2][4] = {};
-    if (!state_zero && mrow < cn) times_state<DK>(Qs, Ks, Ss, mrow, ncol, g, t, x);
+    float x[2][NT][4] = {};
+    if (!state_zero && mrow < cn) times_state<DK, SL>(Qs, Ks, Ss, mrow, ncol, g, t, x);
     __syncthreads();  // Q is dead
 #pragma unroll
     for (int u = 0; u < kMP4; ++u) {
@@ -632,7 +632,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
     }
     // R = diag(β)(V − diag(γ) K S₀) in place over V; x[0] becomes diag(γ) Q S₀, the output's first term.
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < NT; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = mrow + g + 8 * (e >> 1), col = ncol + 8 * n + 2 * t + (e & 1);
@@ -657,7 +657,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
     // Column j of Δ needs only column j of R, so warp w < 4 solves the slice's n8 column tile 8w.. on its
     // own (warp-level syncs only); Y_b = R_b − Σ, then Δ_b, overwrite R_b in place. Blocks wholly in the
     // padding are skipped: R = 0 there, and so is Δ.
-    if (warp < 4) {
+    if (warp < SL / 8) {
       const int nc = 8 * warp;
 #pragma unroll
       for (int rb = 0; rb < kChunk; rb += 16) {
@@ -694,20 +694,20 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
     // ---- O = γQS₀ + PΔ on this warp's tiles, written to out ----
     // P is zero right of the 16-row diagonal block and Δ past cn, so k runs to min(mrow + 16, cn).
     if (mrow < cn) {
-      float big[2][4] = {}, lh[2][4] = {}, hl[2][4] = {};
+      float big[NT][4] = {}, lh[NT][4] = {}, hl[NT][4] = {};
       const int kend = min(mrow + 16, cn);
       for (int k0 = 0; k0 < kend; k0 += 8) {
         uint32_t ah[4], al[4];
         load_a(Ps + mrow * LCC + k0, LCC, g, t, ah, al);
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < NT; ++n) {
           uint32_t bh[2], bl[2];
           load_b(Rs + (k0 + t) * LV + ncol + 8 * n + g, 4 * LV, bh, bl);
           mma_3xtf32(big[n], lh[n], hl[n], ah, al, bh, bl);
         }
       }
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < NT; ++n) {
         const int col = c0 + ncol + 8 * n + 2 * t;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -788,31 +788,55 @@ bool vectorizable(const GdnArgs& a) {
          a.qk_token_stride % 4 == 0 && a.v_token_stride % 4 == 0 && a.out_token_stride % 4 == 0 && a.dv % 4 == 0;
 }
 
-// Programmatic dependent launch needs sm_90 (griddepcontrol); elsewhere the two kernels run one after
-// the other as plain launches.
-bool dependent_launch_available() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major >= 9;
+// The device's compute capability major and SM count, asked once per process.
+struct DeviceTraits {
+  int major = 0, sms = 0;
+};
+const DeviceTraits& device_traits() {
+  static const DeviceTraits traits = [] {
+    DeviceTraits d;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return DeviceTraits{};
+    }
+    return d;
+  }();
+  return traits;
 }
 
-// Opts the kernel into its dynamic shared memory once per process (before any graph capture that
-// launches it, since the first launch happens eagerly); the result is remembered. A short pass's
-// recurrence is launched as the products kernel's programmatic dependent where the GPU allows it: it
-// stages its state and q/k/v while the products kernel still runs (see wait_for_products).
+template <int DK, bool kAhead, int SL>
+cudaError_t launch_recurrence(const GdnArgs& a, bool vec, const float* products, bool dependent,
+                              cudaStream_t stream) {
+  constexpr size_t bytes = GdnLayout<DK, SL>::kBytes;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      gdn_chunked_kernel<DK, kAhead, SL>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (attr != cudaSuccess) return attr;
+  cudaLaunchAttribute attrs[1] = {};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((a.dv + SL - 1) / SL, a.Hv, a.n_seqs);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = stream;
+  cfg.attrs = attrs;
+  cfg.numAttrs = dependent ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, gdn_chunked_kernel<DK, kAhead, SL>, a, vec, products);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+// Opts the kernels into their dynamic shared memory once per process (before any graph capture that
+// launches them, since the first launch happens eagerly); the result is remembered. A short pass's
+// recurrence is launched as the products kernel's programmatic dependent where the GPU allows it (sm_90,
+// griddepcontrol): it stages its state and q/k/v while the products kernel still runs (see
+// wait_for_products). A long pass whose 32-column slices would leave over half the SMs idle (the 0.8B
+// prefill: 4 × 16 blocks) walks 16-column slices, twice the blocks, each with half the work per chunk.
 template <int DK>
 cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
-  constexpr size_t bytes = GdnLayout<DK>::kBytes, product_bytes = GdnProductLayout<DK>::kBytes;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      gdn_chunked_kernel<DK, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (attr != cudaSuccess) return attr;
-  static const cudaError_t short_attr = cudaFuncSetAttribute(
-      gdn_chunked_kernel<DK, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (short_attr != cudaSuccess) return short_attr;
+  constexpr size_t product_bytes = GdnProductLayout<DK>::kBytes;
   static const cudaError_t product_attr = cudaFuncSetAttribute(
       gdn_chunk_products_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(product_bytes));
   if (product_attr != cudaSuccess) return product_attr;
@@ -824,20 +848,16 @@ cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  cudaLaunchAttribute dependent[1] = {};
-  dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((a.dv + kSlice - 1) / kSlice, a.Hv, a.n_seqs);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = bytes;
-  cfg.stream = stream;
-  cfg.attrs = dependent;
-  cfg.numAttrs = chunks > 0 && a.short_seqs && dependent_launch_available() ? 1 : 0;
-  const float* prod = products;
-  const cudaError_t err = a.short_seqs ? cudaLaunchKernelEx(&cfg, gdn_chunked_kernel<DK, false>, a, vec, prod)
-                                       : cudaLaunchKernelEx(&cfg, gdn_chunked_kernel<DK, true>, a, vec, prod);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  const DeviceTraits& dev = device_traits();
+  const bool dependent = chunks > 0 && a.short_seqs && dev.major >= 9;
+  const int64_t wide_blocks = static_cast<int64_t>((a.dv + kSlice - 1) / kSlice) * a.Hv * a.n_seqs;
+  if constexpr (DK >= 64) {
+    if (!a.short_seqs && 2 * wide_blocks <= dev.sms) {
+      return launch_recurrence<DK, true, kNarrow>(a, vec, products, dependent, stream);
+    }
+  }
+  return a.short_seqs ? launch_recurrence<DK, false, kSlice>(a, vec, products, dependent, stream)
+                      : launch_recurrence<DK, true, kSlice>(a, vec, products, dependent, stream);
 }
 
 }  // namespace

@@ -26,7 +26,10 @@
 // chunk ahead into registers (W S over four 32-dim groups, the update over two 32-token halves, four
 // barriers per chunk): 2,187 tokens 0.87 against 0.88 ms, but 250 tokens 0.27 against 0.22, 6 × 37
 // rows 0.27 against 0.22 and 35 × 64 rows 0.87 against 0.75 (more registers and barriers per
-// one-chunk workgroup); at 2,187 tokens the walk is not where the op's time goes.
+// one-chunk workgroup). Also dropped (2026-12-01, one H200 run, 2,187 tokens against 0.83–0.89 ms):
+// four independent accumulator chains per invocation 0.96 ms, with 64 loads per batch 0.92, and
+// 16-column slices (128 workgroups, two quads per invocation, 20 KiB) 0.99. The walk is about a
+// third of the op at 2,187 tokens (0.28–0.35 ms, timed by swapping in a kernel that returns at once).
 // Workgroup memory: S[dk×8] (4 KiB), the two W S halves [2×64×8] (4 KiB), dlast·Δ [64×8] (2 KiB):
 // 10 KiB. FP32 throughout.
 

@@ -35,7 +35,10 @@
 // the whole vector, so invocations writing neighbouring floats would race; matrices are stored
 // column-major so that one invocation writes 4 consecutive rows): T's 10 lower 16×16 blocks
 // (10 KiB, first holding the k/q slabs) + a 4.25 KiB slab + g, β, γ and the block partial sums of
-// g: 15.5 KiB. FP32 throughout.
+// g: 15.5 KiB. The kernel's time follows this size more than its FMA count (presumably through how
+// many workgroups share a multiprocessor): declared at 26 KiB, nothing else changed, the op took 1.18
+// against 0.83–0.89 ms per 2,187-token call (H200, 2026-12-01), and W and U as 4×4 register blocks
+// over 64-column slabs (2 loads per 16 FMAs instead of 5, 26 KiB) 1.07–1.13 ms. FP32 throughout.
 
 struct Params {
   hk: u32, hv: u32, dk: u32, dv: u32,

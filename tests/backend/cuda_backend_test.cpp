@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -1235,53 +1234,6 @@ TEST(CudaGraphs, ProfilingStyleSyncAfterEveryOp) {
   const std::vector<float> got = testing::read_f32(*gpu, o.t);
   const std::vector<float> av = testing::randn(32, 1.0f, 5), bv = testing::randn(32, 1.0f, 6);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], ((av[i] + bv[i]) + bv[i]) + bv[i]) << i;
-}
-
-// Every kernel is launched as the programmatic dependent of the kernel before it where the device
-// allows it (sm_90+, src/backend/cuda/launch.cuh): it may start while that kernel still runs and waits
-// for it before touching memory. A ping-pong chain in which each add reads what the previous one wrote
-// and overwrites what the previous one read counts exactly only if every such wait holds; it runs
-// directly, then captured, then replayed, and the captured graphs keep the dependent launches as
-// programmatic edges. (A build without sm_90 code would run on a Hopper without them: test a build
-// for the device it runs on.)
-TEST(CudaGraphs, DependentLaunchesKeepEveryKernelOrder) {
-  KEV_CUDA_OR_SKIP(gpu, true);
-  constexpr int64_t kN = int64_t{1} << 20;  // 1,024 blocks of float4 adds: each kernel spans the GPU
-  constexpr int kSteps = 150;                // 3 segments of 64 commands and a tail (pass_recorder.h)
-  testing::DeviceTensor a = testing::make_f32(*gpu, {kN}), b = testing::make_f32(*gpu, {kN});
-  testing::DeviceTensor one = testing::make_f32(*gpu, {kN}, std::vector<float>(kN, 1.0f));
-  ASSERT_TRUE(gpu->synchronize().ok());
-#ifdef KEV_HAVE_CUDA
-  const CudaGraphStats before = cuda_graph_stats(*gpu).value();
-#endif
-  const std::vector<float> zeros(kN, 0.0f);
-  for (int pass = 0; pass < 3; ++pass) {
-    ASSERT_TRUE(gpu->upload(a.t, zeros.data(), zeros.size() * 4).ok());
-    // Step i writes i + 1: b = a + 1, a = b + 1, ...
-    for (int i = 0; i < kSteps; ++i) {
-      const Status st = i % 2 == 0 ? gpu->add(a.t, one.t, b.t) : gpu->add(b.t, one.t, a.t);
-      ASSERT_TRUE(st.ok()) << st.to_string();
-    }
-    const std::vector<float> av = testing::read_f32(*gpu, a.t), bv = testing::read_f32(*gpu, b.t);
-    const auto wrong_a = kN - std::count(av.begin(), av.end(), static_cast<float>(kSteps));
-    const auto wrong_b = kN - std::count(bv.begin(), bv.end(), static_cast<float>(kSteps - 1));
-    EXPECT_EQ(wrong_a + wrong_b, 0) << "pass " << pass << ": a kernel ran ahead of the one before it";
-  }
-#ifdef KEV_HAVE_CUDA
-  const CudaGraphStats after = cuda_graph_stats(*gpu).value();
-  EXPECT_EQ(after.capture_failures, before.capture_failures);
-  EXPECT_GT(after.captures, before.captures);  // segments of equal signatures share one capture
-  const std::string device = gpu->info().device;  // "NAME (sm_90, ...": compute capability 9.0
-  const size_t at = device.find("(sm_");
-  const int sm = at == std::string::npos ? 0 : std::atoi(device.c_str() + at + 4);
-  const char* env = std::getenv("KEV_CUDA_PDL");
-  EXPECT_EQ(after.dependent_launches, sm >= 90 && !(env != nullptr && std::strcmp(env, "0") == 0)) << device;
-  if (after.dependent_launches) {
-    EXPECT_GT(after.programmatic_edges, before.programmatic_edges) << "capture dropped the dependent launches";
-  } else {
-    EXPECT_EQ(after.programmatic_edges, before.programmatic_edges);
-  }
-#endif
 }
 
 // ---- memory pool --------------------------------------------------------------------------------------

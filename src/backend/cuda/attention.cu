@@ -143,7 +143,6 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/f16_rows.cuh"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma_f16.cuh"
 #include "backend/cuda/mma_tf32.cuh"
 
@@ -378,7 +377,6 @@ constexpr int blocks_per_sm(int hd) { return hd > 128 ? 1 : 2; }
 template <int HD>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm(HD))
     attention_kernel(AttentionArgs a, int tokens_per_tile, bool vec, float* part_o, float2* part_ml) {
-  begin_dependent();
   using Lay = AttnLayout<HD>;
   constexpr int LDQ = Lay::kLdQ, LDK = Lay::kLdK, LDV = Lay::kLdV, LDP = Lay::kLdP;
   constexpr int NC = HD / kCols;   // column chunks of K and of V per key tile
@@ -593,7 +591,6 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(HD))
 // One block per (token, head): merges the splits' partial rows (see the header comment).
 __global__ void __launch_bounds__(kCombineThreads)
     attention_combine_kernel(AttentionArgs a, const float* part_o, const float2* part_ml, int n_splits) {
-  begin_dependent();
   const int64_t pair = blockIdx.x, t = pair / a.H, h = pair % a.H;
   const int64_t split_stride = static_cast<int64_t>(a.n_tokens) * a.H;
   float m = -INFINITY;
@@ -676,7 +673,6 @@ F16Copies f16_copies(const AttentionArgs& a) {
 template <int HD>
 __global__ void __launch_bounds__(kConvertThreads)
     attention_keys_f16_kernel(AttentionArgs a, bool vec, __half* kh, __half* vh, float2* scales) {
-  begin_dependent();
   constexpr int kPer = kKeys * HD / 4 / kConvertThreads;  // float4s per thread, of K and of V
   __shared__ float part_k[kConvertThreads / 32], part_v[kConvertThreads / 32];
   const int kvh = blockIdx.y;
@@ -714,7 +710,6 @@ template <int HD>
 __global__ void __launch_bounds__(kThreadsF16, f16_blocks_per_sm(HD))
     attention_f16_kernel(AttentionArgs a, const __half* kh, const __half* vh, const float2* scales,
                          int tokens_per_tile, bool vec, float* part_o, float2* part_ml, bool cluster) {
-  begin_dependent();
   using Lay = F16Layout<HD>;
   static_assert(ClusterPart<HD>::kBytes <= Lay::kHalves * sizeof(__half), "a split's rows fit its shared memory");
   constexpr int NK = HD / 16;            // k-steps of the scores
@@ -1016,6 +1011,26 @@ int resident_clusters(const AttentionArgs& a, int splits) {
 
 bool cluster_merge(const AttentionArgs& a) { return resident_clusters(a, a.splits) > 0; }
 
+// Launches `kernel` on grid (tiles, Hkv, S) with each query tile's S key splits as one cluster.
+template <typename... Params, typename... Args>
+cudaError_t launch_clustered(void (*kernel)(Params...), dim3 grid, int threads, size_t bytes, cudaStream_t stream,
+                             Args... args) {
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = grid.z;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args...);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
 }  // namespace
 
 // Key splits per query tile. None when the query tiles alone give two blocks per SM. Otherwise the S
@@ -1070,17 +1085,20 @@ cudaError_t launch_hd(const AttentionArgs& a, void* workspace, cudaStream_t stre
                    a.q_token_stride % 4 == 0 && a.q_head_stride % 4 == 0 && a.kv_token_stride % 4 == 0 &&
                    a.kv_head_stride % 4 == 0 && a.out_token_stride % 4 == 0 && a.out_head_stride % 4 == 0;
   const int splits = a.splits;
-  const LaunchShape shape{dim3(query_tiles(a), a.Hkv, splits), kThreads, bytes};
+  const dim3 grid(query_tiles(a), a.Hkv, splits);
   if (splits == 1) {
-    return launch(attention_kernel<HD>, shape, stream, a, tokens_per_tile, vec, nullptr, nullptr);
+    attention_kernel<HD><<<grid, kThreads, bytes, stream>>>(a, tokens_per_tile, vec, nullptr, nullptr);
+    return cudaGetLastError();
   }
   if (workspace == nullptr) return cudaErrorInvalidValue;
   float* part_o = static_cast<float*>(workspace);
   float2* part_ml = reinterpret_cast<float2*>(part_o + static_cast<int64_t>(splits) * a.n_tokens * a.H * HD);
-  const cudaError_t err = launch(attention_kernel<HD>, shape, stream, a, tokens_per_tile, vec, part_o, part_ml);
+  attention_kernel<HD><<<grid, kThreads, bytes, stream>>>(a, tokens_per_tile, vec, part_o, part_ml);
+  const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const unsigned pairs = static_cast<unsigned>(static_cast<int64_t>(a.n_tokens) * a.H);
-  return launch(attention_combine_kernel, {pairs, kCombineThreads}, stream, a, part_o, part_ml, splits);
+  attention_combine_kernel<<<pairs, kCombineThreads, 0, stream>>>(a, part_o, part_ml, splits);
+  return cudaGetLastError();
 }
 
 template <int HD>
@@ -1096,28 +1114,33 @@ cudaError_t launch_f16_hd(const AttentionArgs& a, void* workspace, cudaStream_t 
   const bool kv_vec = aligned16(a.k) && aligned16(a.v) &&
                       (a.prefix_len == 0 || (aligned16(a.prefix_k) && aligned16(a.prefix_v))) &&
                       a.kv_token_stride % 4 == 0 && a.kv_head_stride % 4 == 0;
-  cudaError_t err = launch(attention_keys_f16_kernel<HD>,
-                           {dim3(static_cast<unsigned>(copies.tiles), a.Hkv), kConvertThreads}, stream, a, kv_vec, kh,
-                           vh, scales);
+  attention_keys_f16_kernel<HD><<<dim3(static_cast<unsigned>(copies.tiles), a.Hkv), kConvertThreads, 0, stream>>>(
+      a, kv_vec, kh, vh, scales);
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const int G = a.H / a.Hkv, tokens_per_tile = kRows / G;
   const bool vec = aligned16(a.q) && aligned16(a.out) && a.q_token_stride % 4 == 0 && a.q_head_stride % 4 == 0 &&
                    a.out_token_stride % 4 == 0 && a.out_head_stride % 4 == 0;
   const int splits = a.splits;
-  LaunchShape shape{dim3(query_tiles(a), a.Hkv, splits), kThreadsF16, bytes};
+  const dim3 grid(query_tiles(a), a.Hkv, splits);
   float* part_o = nullptr;
   float2* part_ml = nullptr;
-  const bool cluster = splits > 1 && cluster_merge(a);  // each query tile's S key splits as one cluster
-  if (cluster) shape.cluster_z = static_cast<unsigned>(splits);
-  if (splits > 1 && !cluster) {
+  if (splits > 1 && cluster_merge(a)) {
+    return launch_clustered(attention_f16_kernel<HD>, grid, kThreadsF16, bytes, stream, a,
+                            static_cast<const __half*>(kh), static_cast<const __half*>(vh),
+                            static_cast<const float2*>(scales), tokens_per_tile, vec, part_o, part_ml, true);
+  }
+  if (splits > 1) {
     part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + copies.bytes);
     part_ml = reinterpret_cast<float2*>(part_o + static_cast<int64_t>(splits) * a.n_tokens * a.H * HD);
   }
-  err = launch(attention_f16_kernel<HD>, shape, stream, a, kh, vh, scales, tokens_per_tile, vec, part_o, part_ml,
-               cluster);
-  if (err != cudaSuccess || splits == 1 || cluster) return err;
+  attention_f16_kernel<HD><<<grid, kThreadsF16, bytes, stream>>>(a, kh, vh, scales, tokens_per_tile, vec, part_o,
+                                                                  part_ml, false);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || splits == 1) return err;
   const unsigned pairs = static_cast<unsigned>(static_cast<int64_t>(a.n_tokens) * a.H);
-  return launch(attention_combine_kernel, {pairs, kCombineThreads}, stream, a, part_o, part_ml, splits);
+  attention_combine_kernel<<<pairs, kCombineThreads, 0, stream>>>(a, part_o, part_ml, splits);
+  return cudaGetLastError();
 }
 
 }  // namespace

@@ -26,7 +26,6 @@
 // first: one memory round trip instead of K dependent ones, which aliasing forced on the compiler). It
 // runs after the conv kernel in stream order, so the conv has read the prefix before it changes.
 #include "backend/cuda/device_math.cuh"
-#include "backend/cuda/launch.cuh"
 
 namespace kev::cuda {
 
@@ -63,7 +62,6 @@ __device__ __forceinline__ void store_silu(float* o, const float (&acc)[V]) {
 
 template <int V>
 __global__ void conv_kernel(ConvArgs a) {
-  begin_dependent();
   const int64_t t = blockIdx.x;
   const int64_t c = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * V;
   if (c >= a.C) return;
@@ -92,7 +90,6 @@ constexpr int64_t kLongRunMinTokens = 1024;
 
 template <int V, int kRun>
 __global__ void __launch_bounds__(kRunThreads) conv_run_kernel(ConvArgs a) {
-  begin_dependent();
   const int64_t c = (static_cast<int64_t>(blockIdx.y) * kRunThreads + threadIdx.x) * V;
   if (c >= a.C) return;
   const int K = static_cast<int>(a.K);
@@ -147,7 +144,6 @@ __global__ void __launch_bounds__(kRunThreads) conv_run_kernel(ConvArgs a) {
 }
 
 __global__ void conv_state_kernel(ConvArgs a) {
-  begin_dependent();
   constexpr int kBurst = 4;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= a.C) return;
@@ -182,23 +178,34 @@ cudaError_t launch_causal_conv1d_silu(const ConvArgs& a, cudaStream_t stream) {
     const int V = vec4 ? 4 : 1;
     if (a.K <= kMaxRunK) {
       const int run = a.n_tokens >= kLongRunMinTokens ? kLongRun : kShortRun;
-      const LaunchShape shape{dim3(static_cast<unsigned>((a.n_tokens + run - 1) / run),
-                                   static_cast<unsigned>((a.C + V * kRunThreads - 1) / (V * kRunThreads))),
-                              kRunThreads};
-      auto* kernel = run == kLongRun ? (vec4 ? conv_run_kernel<4, kLongRun> : conv_run_kernel<1, kLongRun>)
-                                     : (vec4 ? conv_run_kernel<4, kShortRun> : conv_run_kernel<1, kShortRun>);
-      const cudaError_t err = launch(kernel, shape, stream, a);
-      if (err != cudaSuccess) return err;
+      const dim3 grid(static_cast<unsigned>((a.n_tokens + run - 1) / run),
+                      static_cast<unsigned>((a.C + V * kRunThreads - 1) / (V * kRunThreads)));
+      if (run == kLongRun) {
+        if (vec4) {
+          conv_run_kernel<4, kLongRun><<<grid, kRunThreads, 0, stream>>>(a);
+        } else {
+          conv_run_kernel<1, kLongRun><<<grid, kRunThreads, 0, stream>>>(a);
+        }
+      } else if (vec4) {
+        conv_run_kernel<4, kShortRun><<<grid, kRunThreads, 0, stream>>>(a);
+      } else {
+        conv_run_kernel<1, kShortRun><<<grid, kRunThreads, 0, stream>>>(a);
+      }
     } else {
-      const LaunchShape shape{
-          dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>((a.C + V * kThreads - 1) / (V * kThreads))),
-          kThreads};
-      const cudaError_t err = launch(vec4 ? conv_kernel<4> : conv_kernel<1>, shape, stream, a);
-      if (err != cudaSuccess) return err;
+      const dim3 grid(static_cast<unsigned>(a.n_tokens),
+                      static_cast<unsigned>((a.C + V * kThreads - 1) / (V * kThreads)));
+      if (vec4) {
+        conv_kernel<4><<<grid, kThreads, 0, stream>>>(a);
+      } else {
+        conv_kernel<1><<<grid, kThreads, 0, stream>>>(a);
+      }
     }
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
   }
-  if (!a.state_out) return cudaSuccess;
-  return launch(conv_state_kernel, {static_cast<unsigned>((a.C + kThreads - 1) / kThreads), kThreads}, stream, a);
+  const unsigned cblocks = static_cast<unsigned>((a.C + kThreads - 1) / kThreads);
+  if (a.state_out) conv_state_kernel<<<cblocks, kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 }  // namespace kev::cuda

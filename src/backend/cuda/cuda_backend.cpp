@@ -238,12 +238,10 @@ class CudaBackend final : public Backend {
     KEV_ASSIGN_OR_RETURN(gemm_workspace_, pool_->acquire(kGemmWorkspace));
     KEV_TRY(gemm_.init(gemm_workspace_, kGemmWorkspace));
     total_memory_ = prop.totalGlobalMem;
-    dependent_launches_ = cuda::dependent_launches();
     device_text_ = cat(prop.name, " (sm_", prop.major, prop.minor, ", ",
                        std::round(static_cast<double>(prop.totalGlobalMem) / double(1ull << 30) * 10) / 10,
                        " GiB), CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", cuBLASLt ",
                        gemm_.cublaslt_version(), options_.cuda_graphs ? ", graphs" : ", no graphs",
-                       dependent_launches_ ? ", dependent launches" : "",
                        options_.cuda_attention_f16 ? ", FP16 attention" : "");
     return Status::success();
   }
@@ -276,9 +274,7 @@ class CudaBackend final : public Backend {
       s.cached = recorder_->cached_graphs();
       s.capture_failures = recorder_->capture_failures();
       s.commands = recorder_->recorded();
-      s.programmatic_edges = recorder_->programmatic_edges();
     }
-    s.dependent_launches = dependent_launches_;
     return s;
   }
 
@@ -757,7 +753,6 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   std::string device_text_;
   size_t total_memory_ = 0;
-  bool dependent_launches_ = false;  // launch.cuh, decided at init for this device
   std::shared_ptr<cuda::DevicePool> pool_;
   std::unique_ptr<cuda::PassRecorder> recorder_;
   cuda::GemmRunner gemm_;

@@ -46,16 +46,13 @@ Result<CudaPoolStats> cuda_pool_stats(const Backend& backend);
 // How flushes ran: passes captured into a graph, graph launches (captures + replays), execs cached,
 // and passes that fell back to a direct run because capture or instantiation failed; and the commands
 // recorded (an op that joined the command before it, such as a GDN layer's k l2_norm and gates with its
-// q l2_norm, adds none). Whether the kernels are launched as programmatic dependents of the kernel
-// before them (sm_90+, src/backend/cuda/launch.cuh), and how many captured edges are programmatic.
+// q l2_norm, adds none).
 struct CudaGraphStats {
   uint64_t captures = 0;
   uint64_t launches = 0;
   size_t cached = 0;
   uint64_t capture_failures = 0;
   uint64_t commands = 0;
-  bool dependent_launches = false;
-  uint64_t programmatic_edges = 0;
 };
 Result<CudaGraphStats> cuda_graph_stats(const Backend& backend);
 

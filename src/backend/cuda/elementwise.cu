@@ -44,7 +44,6 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/f16_rows.cuh"
-#include "backend/cuda/launch.cuh"
 
 namespace kev::cuda {
 
@@ -93,7 +92,6 @@ __device__ __forceinline__ void load_rescaled(const float* xp, const float* yp, 
 template <BinaryKind kKind, int V>
 __global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales, float* out,
                               Rows outr, uint32_t dv, uint32_t total) {
-  begin_dependent();
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const uint32_t row = i / dv, col = (i - row * dv) * V;
@@ -165,7 +163,6 @@ template <BinaryKind kKind>
 __global__ void __launch_bounds__(kMaxRowThreads)
     binary_half_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales, float* out,
                        Rows outr, uint32_t dv, uint32_t group, __half* half, float* scales) {
-  begin_dependent();
   const uint32_t per_row = group * dv;
   // Element e of the GEMM row: float4 `col / 4` of row `row` of x, y and out.
   auto at = [&](uint32_t e, uint32_t& row, uint32_t& col) {
@@ -208,26 +205,27 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 }
 
 template <BinaryKind kKind>
-cudaError_t launch_binary_kind(bool vec4, int64_t rows, const float* x, const Rows& xr, const float* y, const Rows& yr,
-                               const float* in_scales, float* out, const Rows& outr, int64_t d, cudaStream_t stream) {
+void launch_binary_kind(bool vec4, int64_t rows, const float* x, const Rows& xr, const float* y, const Rows& yr,
+                        const float* in_scales, float* out, const Rows& outr, int64_t d, cudaStream_t stream) {
   const int V = vec4 ? 4 : 1;
   const uint32_t total = static_cast<uint32_t>(rows * (d / V));  // < kMaxElementwise (launch_binary)
-  const LaunchShape shape{(total + kThreads - 1) / kThreads, kThreads};
-  return vec4 ? launch(binary_kernel<kKind, 4>, shape, stream, x, xr, y, yr, in_scales, out, outr,
-                       static_cast<uint32_t>(d / 4), total)
-              : launch(binary_kernel<kKind, 1>, shape, stream, x, xr, y, yr, in_scales, out, outr,
-                       static_cast<uint32_t>(d), total);
+  const unsigned grid = (total + kThreads - 1) / kThreads;
+  if (vec4) {
+    binary_kernel<kKind, 4>
+        <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, static_cast<uint32_t>(d / 4), total);
+  } else {
+    binary_kernel<kKind, 1>
+        <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, static_cast<uint32_t>(d), total);
+  }
 }
 
 __global__ void gdn_gates_kernel(GatesArgs a) {
-  begin_dependent();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < a.n * a.Hv) gdn_gate(a, i);
 }
 
 template <bool kInBf16, bool kOutBf16>
 __global__ void copy_kernel(const void* x, Rows xr, void* out, Rows outr, uint32_t d, uint32_t total) {
-  begin_dependent();
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const uint32_t row = i / d, j = i - row * d;
@@ -244,7 +242,6 @@ __global__ void copy_kernel(const void* x, Rows xr, void* out, Rows outr, uint32
 }
 
 __global__ void copy_f32x4_kernel(const float* x, Rows xr, float* out, Rows outr, uint32_t dv, uint32_t total) {
-  begin_dependent();
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const uint32_t row = i / dv, j = 4 * (i - row * dv);
@@ -256,7 +253,6 @@ __global__ void copy_f32x4_kernel(const float* x, Rows xr, float* out, Rows outr
 // [n, 2n) of dst (`lo` points at row n); one GEMM over the 2n rows then reads W once for both halves.
 template <bool kVec4, bool kSplit>
 __global__ void f32_to_bf16_rows_kernel(const float* x, int64_t ldx, uint16_t* dst, uint16_t* lo, int64_t k) {
-  begin_dependent();
   const int64_t row = blockIdx.x, step = static_cast<int64_t>(gridDim.y) * blockDim.x * (kVec4 ? 4 : 1);
   for (int64_t j = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * (kVec4 ? 4 : 1); j < k;
        j += step) {
@@ -283,7 +279,6 @@ __global__ void f32_to_bf16_rows_kernel(const float* x, int64_t ldx, uint16_t* d
 
 // out[i, :] = s[i, :] + s[n + i, :] (+ bias): the two halves of a split-input GEMM, s [2n, m] contiguous.
 __global__ void split_sum_rows_kernel(const float* s, int64_t n, int64_t m, const float* bias, float* out, int64_t ldo) {
-  begin_dependent();
   const int64_t row = blockIdx.x;
   const float* hi = s + row * m;
   const float* lo = s + (n + row) * m;
@@ -298,7 +293,6 @@ __global__ void split_sum_rows_kernel(const float* s, int64_t n, int64_t m, cons
 template <int V>
 __global__ void __launch_bounds__(kMaxRowThreads)
     f32_to_f16_rows_scaled_kernel(const float* x, int64_t ldx, __half* dst, float* scales, int64_t k) {
-  begin_dependent();
   using Vec = VecOf<V>;
   const int64_t row = blockIdx.x;
   const Vec* xr = reinterpret_cast<const Vec*>(x + row * ldx);
@@ -311,7 +305,6 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 }
 
 __global__ void scale_bias_rows_kernel(float* out, int64_t ldo, const float* scales, const float* bias, int64_t m) {
-  begin_dependent();
   const float s = scales[blockIdx.x];
   if (s == 1.0f && bias == nullptr) return;  // the common case: nothing to do
   float* o = out + static_cast<int64_t>(blockIdx.x) * ldo;
@@ -320,7 +313,6 @@ __global__ void scale_bias_rows_kernel(float* out, int64_t ldo, const float* sca
 
 template <bool kOverwrite>
 __global__ void bias_rows_kernel(float* out, int64_t ld, const float* bias, int64_t m) {
-  begin_dependent();
   float* o = out + static_cast<int64_t>(blockIdx.x) * ld;
   for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
     if constexpr (kOverwrite) {
@@ -343,13 +335,16 @@ cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const
   if (rows * d >= kMaxElementwise) return cudaErrorInvalidValue;
   switch (kind) {
     case BinaryKind::SigmoidMul:
-      return launch_binary_kind<BinaryKind::SigmoidMul>(vec4, rows, x, xr, y, yr, in_scales, out, outr, d, stream);
+      launch_binary_kind<BinaryKind::SigmoidMul>(vec4, rows, x, xr, y, yr, in_scales, out, outr, d, stream);
+      break;
     case BinaryKind::Swiglu:
-      return launch_binary_kind<BinaryKind::Swiglu>(vec4, rows, x, xr, y, yr, in_scales, out, outr, d, stream);
+      launch_binary_kind<BinaryKind::Swiglu>(vec4, rows, x, xr, y, yr, in_scales, out, outr, d, stream);
+      break;
     case BinaryKind::Add:
-      return launch_binary_kind<BinaryKind::Add>(vec4, rows, x, xr, y, yr, in_scales, out, outr, d, stream);
+      launch_binary_kind<BinaryKind::Add>(vec4, rows, x, xr, y, yr, in_scales, out, outr, d, stream);
+      break;
   }
-  return cudaErrorInvalidValue;
+  return cudaGetLastError();
 }
 
 bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Rows& yr, const float* out,
@@ -365,27 +360,32 @@ cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, 
   const int64_t rows = xr.count();
   if (rows == 0 || d == 0) return cudaSuccess;
   if (!binary_writes_half(x, xr, y, yr, out, outr, d, group)) return cudaErrorInvalidValue;
-  const LaunchShape shape{static_cast<unsigned>(rows / group), row_threads(group * d / 4)};
+  const unsigned grid = static_cast<unsigned>(rows / group), threads = row_threads(group * d / 4);
   const uint32_t dv = static_cast<uint32_t>(d / 4), g = static_cast<uint32_t>(group);
   __half* h = reinterpret_cast<__half*>(half);
   switch (kind) {
     case BinaryKind::SigmoidMul:
-      return launch(binary_half_kernel<BinaryKind::SigmoidMul>, shape, stream, x, xr, y, yr, in_scales, out, outr, dv,
-                    g, h, scales);
+      binary_half_kernel<BinaryKind::SigmoidMul>
+          <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+      break;
     case BinaryKind::Swiglu:
-      return launch(binary_half_kernel<BinaryKind::Swiglu>, shape, stream, x, xr, y, yr, in_scales, out, outr, dv, g,
-                    h, scales);
+      binary_half_kernel<BinaryKind::Swiglu>
+          <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+      break;
     case BinaryKind::Add:
-      return launch(binary_half_kernel<BinaryKind::Add>, shape, stream, x, xr, y, yr, in_scales, out, outr, dv, g, h,
-                    scales);
+      binary_half_kernel<BinaryKind::Add>
+          <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+      break;
   }
-  return cudaErrorInvalidValue;
+  return cudaGetLastError();
 }
 
 cudaError_t launch_gdn_gates(const GatesArgs& a, cudaStream_t stream) {
   const int64_t total = a.n * a.Hv;
   if (total == 0) return cudaSuccess;
-  return launch(gdn_gates_kernel, {static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads}, stream, a);
+  const unsigned grid = static_cast<unsigned>((total + kThreads - 1) / kThreads);
+  gdn_gates_kernel<<<grid, kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_copy(const void* x, bool x_bf16, const Rows& xr, void* out, bool out_bf16, const Rows& outr,
@@ -395,15 +395,22 @@ cudaError_t launch_copy(const void* x, bool x_bf16, const Rows& xr, void* out, b
   if (rows * d >= kMaxElementwise) return cudaErrorInvalidValue;  // 32-bit flattened index
   if (!x_bf16 && !out_bf16 && d % 4 == 0 && rows_vec4(xr) && rows_vec4(outr) && aligned16(x) && aligned16(out)) {
     const uint32_t total = static_cast<uint32_t>(rows * d / 4);
-    return launch(copy_f32x4_kernel, {(total + kThreads - 1) / kThreads, kThreads}, stream,
-                  static_cast<const float*>(x), xr, static_cast<float*>(out), outr, static_cast<uint32_t>(d / 4),
-                  total);
+    copy_f32x4_kernel<<<(total + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+        static_cast<const float*>(x), xr, static_cast<float*>(out), outr, static_cast<uint32_t>(d / 4), total);
+    return cudaGetLastError();
   }
   const uint32_t total = static_cast<uint32_t>(rows * d), dd = static_cast<uint32_t>(d);
-  const LaunchShape shape{(total + kThreads - 1) / kThreads, kThreads};
-  auto* kernel = x_bf16 ? (out_bf16 ? copy_kernel<true, true> : copy_kernel<true, false>)
-                        : (out_bf16 ? copy_kernel<false, true> : copy_kernel<false, false>);
-  return launch(kernel, shape, stream, x, xr, out, outr, dd, total);
+  const unsigned grid = (total + kThreads - 1) / kThreads;
+  if (x_bf16 && out_bf16) {
+    copy_kernel<true, true><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, dd, total);
+  } else if (x_bf16) {
+    copy_kernel<true, false><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, dd, total);
+  } else if (out_bf16) {
+    copy_kernel<false, true><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, dd, total);
+  } else {
+    copy_kernel<false, false><<<grid, kThreads, 0, stream>>>(x, xr, out, outr, dd, total);
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t launch_f32_to_bf16_rows(const float* x, int64_t ldx, uint16_t* dst, int64_t n, int64_t k, bool split,
@@ -414,18 +421,25 @@ cudaError_t launch_f32_to_bf16_rows(const float* x, int64_t ldx, uint16_t* dst, 
                     (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
   const int64_t per_block = kThreads * (vec4 ? 4 : 1);
   const int64_t col_blocks = std::min<int64_t>((k + per_block - 1) / per_block, 65535);
-  const LaunchShape shape{dim3(static_cast<unsigned>(n), static_cast<unsigned>(col_blocks)), kThreads};
-  auto* kernel = vec4 ? (split ? f32_to_bf16_rows_kernel<true, true> : f32_to_bf16_rows_kernel<true, false>)
-                      : (split ? f32_to_bf16_rows_kernel<false, true> : f32_to_bf16_rows_kernel<false, false>);
-  return launch(kernel, shape, stream, x, ldx, dst, dst + n * k, k);
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(col_blocks));
+  uint16_t* lo = dst + n * k;
+  if (vec4) {
+    if (split) f32_to_bf16_rows_kernel<true, true><<<grid, kThreads, 0, stream>>>(x, ldx, dst, lo, k);
+    else f32_to_bf16_rows_kernel<true, false><<<grid, kThreads, 0, stream>>>(x, ldx, dst, lo, k);
+  } else {
+    if (split) f32_to_bf16_rows_kernel<false, true><<<grid, kThreads, 0, stream>>>(x, ldx, dst, lo, k);
+    else f32_to_bf16_rows_kernel<false, false><<<grid, kThreads, 0, stream>>>(x, ldx, dst, lo, k);
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t launch_split_sum_rows(const float* s, int64_t n, int64_t m, const float* bias, float* out, int64_t ldo,
                                   cudaStream_t stream) {
   if (n == 0 || m == 0) return cudaSuccess;
   const int64_t col_blocks = std::min<int64_t>((m + kThreads - 1) / kThreads, 65535);
-  return launch(split_sum_rows_kernel, {dim3(static_cast<unsigned>(n), static_cast<unsigned>(col_blocks)), kThreads},
-                stream, s, n, m, bias, out, ldo);
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(col_blocks));
+  split_sum_rows_kernel<<<grid, kThreads, 0, stream>>>(s, n, m, bias, out, ldo);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_f32_to_f16_rows_scaled(const float* x, int64_t ldx, uint16_t* dst, float* scales, int64_t n,
@@ -435,21 +449,32 @@ cudaError_t launch_f32_to_f16_rows_scaled(const float* x, int64_t ldx, uint16_t*
   const bool vec4 =
       k % 4 == 0 && (n == 1 || ldx % 4 == 0) && aligned16(x) && (reinterpret_cast<uintptr_t>(dst) & 7u) == 0;
   __half* d = reinterpret_cast<__half*>(dst);
-  return launch(vec4 ? f32_to_f16_rows_scaled_kernel<4> : f32_to_f16_rows_scaled_kernel<1>,
-                {static_cast<unsigned>(n), row_threads(vec4 ? k / 4 : k)}, stream, x, ldx, d, scales, k);
+  const unsigned threads = row_threads(vec4 ? k / 4 : k);
+  if (vec4) {
+    f32_to_f16_rows_scaled_kernel<4><<<static_cast<unsigned>(n), threads, 0, stream>>>(x, ldx, d, scales, k);
+  } else {
+    f32_to_f16_rows_scaled_kernel<1><<<static_cast<unsigned>(n), threads, 0, stream>>>(x, ldx, d, scales, k);
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t launch_scale_bias_rows(float* out, int64_t ldo, const float* scales, const float* bias, int64_t n, int64_t m,
                                    cudaStream_t stream) {
   if (n == 0 || m == 0) return cudaSuccess;
-  return launch(scale_bias_rows_kernel, {static_cast<unsigned>(n), kThreads}, stream, out, ldo, scales, bias, m);
+  scale_bias_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(out, ldo, scales, bias, m);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_bias_rows(float* out, int64_t ld, const float* bias, bool overwrite, int64_t n, int64_t m,
                              cudaStream_t stream) {
   if (n == 0 || m == 0 || (!bias && !overwrite)) return cudaSuccess;
-  return launch(overwrite ? bias_rows_kernel<true> : bias_rows_kernel<false>, {static_cast<unsigned>(n), kThreads},
-                stream, out, ld, bias, m);
+  const unsigned grid = static_cast<unsigned>(n);
+  if (overwrite) {
+    bias_rows_kernel<true><<<grid, kThreads, 0, stream>>>(out, ld, bias, m);
+  } else {
+    bias_rows_kernel<false><<<grid, kThreads, 0, stream>>>(out, ld, bias, m);
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t probe_kernel_image() {

@@ -82,10 +82,8 @@
 // spilled at dk = 128), so the many blocks of such a pass (4B, 6 rows: 768) run in half the waves. On
 // sm_90 such a short pass's recurrence is the products kernel's programmatic dependent launch: its
 // blocks start as SMs free up and stage their loads while the products kernel finishes, waiting for
-// it (griddepcontrol.wait) only before reading P and M; the products kernel itself is then launched
-// plainly (see launch_dk). (A long pass's recurrence is launched plainly: the dependent launch timed
-// slower there, 4B 2,187 tokens 359 against 350 µs; its products kernel is an ordinary dependent
-// launch, launch.cuh.) Both grids depend only on
+// it (griddepcontrol.wait) only before reading P and M. (A long pass is launched plainly: the
+// dependent launch timed slower there, 4B 2,187 tokens 359 against 350 µs.) Both grids depend only on
 // dv, Hk, Hv, n_tokens and n_seqs, never on the offsets' values (CUDA graph replay); the variant is
 // part of the recorded command's signature. A short chunk (cn < 64: a Kev row of ~40 tokens is one)
 // skips the 16-row tiles of M, P, [Q;K]·S₀ and PΔ, the k-steps and the substitution blocks that lie
@@ -105,7 +103,6 @@
 #include <cstdint>
 
 #include "backend/cuda/device_math.cuh"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma_tf32.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -165,6 +162,20 @@ struct GdnLayout {
 };
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// Programmatic dependent launch (sm_90; the launcher uses it for short passes): the products kernel
+// lets the recurrence kernel start at once, and the recurrence waits here, before its first read of the
+// products, for the products kernel to finish (memory included). Without it both are no-ops.
+__device__ __forceinline__ void release_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_products() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 // g and β of chunk rows lane and lane + 32 of value head h (zero past the sequence end): gate[0..1] = g,
 // gate[2..3] = β. Called by one warp.
@@ -289,7 +300,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
   float* bet = base + Lay::kBeta;
   // K Kᵀ blocks (z = 1) load no Q: its space holds the diagonal blocks M_bb (16×16 each) while they are inverted.
   float* Mdiag = Qs;
-  begin_dependent();
+  release_dependents();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int c = blockIdx.x, kh = blockIdx.y;
   const bool isP = blockIdx.z == 0;
@@ -480,9 +491,6 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   float* gam = base + Lay::kGam;
   float* bet = base + Lay::kBeta;
   float* wlast = base + Lay::kWLast;
-  // A long pass's recurrence follows the products kernel like any other kernel (launch.cuh); a short
-  // pass's is the products kernel's dependent and waits only before it reads P and M (below).
-  if constexpr (kAhead) begin_dependent();
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int c0 = blockIdx.x * SL;
@@ -606,7 +614,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
     // runs as the products kernel's dependent launch (sm_90) and waits for it here.
     const float* src =
         products + (static_cast<int64_t>(chunk0 + (t0 - begin) / kChunk) * a.Hv + h) * 2 * kChunk * kChunk;
-    if constexpr (!kAhead) begin_dependent();
+    if constexpr (!kAhead) wait_for_products();
     float4 mp[kMP4];
 #pragma unroll
     for (int u = 0; u < kMP4; ++u) {
@@ -754,11 +762,6 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
       state_zero = false;
     }
   }
-  // An empty sequence's blocks of a short pass never reached the wait in the loop: waiting here keeps
-  // this grid's completion behind the products kernel's (launch.cuh's rule 1).
-  if constexpr (!kAhead) {
-    if (begin >= end) wait_for_producers();
-  }
 
   // The final state: the last chunk's update left it in this thread's elements of Ss (an empty sequence:
   // the staged S₀, copied by other threads).
@@ -785,18 +788,23 @@ bool vectorizable(const GdnArgs& a) {
          a.qk_token_stride % 4 == 0 && a.v_token_stride % 4 == 0 && a.out_token_stride % 4 == 0 && a.dv % 4 == 0;
 }
 
-// The device's SM count, asked once per process.
-int device_sms() {
-  static const int sms = [] {
-    int device = 0, n = 0;
+// The device's compute capability major and SM count, asked once per process.
+struct DeviceTraits {
+  int major = 0, sms = 0;
+};
+const DeviceTraits& device_traits() {
+  static const DeviceTraits traits = [] {
+    DeviceTraits d;
+    int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
       cudaGetLastError();
-      return 0;
+      return DeviceTraits{};
     }
-    return n;
+    return d;
   }();
-  return sms;
+  return traits;
 }
 
 template <int DK, bool kAhead, int SL>
@@ -806,21 +814,25 @@ cudaError_t launch_recurrence(const GdnArgs& a, bool vec, const float* products,
   static const cudaError_t attr = cudaFuncSetAttribute(
       gdn_chunked_kernel<DK, kAhead, SL>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (attr != cudaSuccess) return attr;
-  LaunchShape shape{dim3((a.dv + SL - 1) / SL, a.Hv, a.n_seqs), kThreads, bytes};
-  shape.dependent = dependent;
-  return launch(gdn_chunked_kernel<DK, kAhead, SL>, shape, stream, a, vec, products);
+  cudaLaunchAttribute attrs[1] = {};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((a.dv + SL - 1) / SL, a.Hv, a.n_seqs);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = stream;
+  cfg.attrs = attrs;
+  cfg.numAttrs = dependent ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, gdn_chunked_kernel<DK, kAhead, SL>, a, vec, products);
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 // Opts the kernels into their dynamic shared memory once per process (before any graph capture that
 // launches them, since the first launch happens eagerly); the result is remembered. A short pass's
-// recurrence is launched as the products kernel's programmatic dependent where the GPU allows it
-// (launch.cuh): it stages its state and q/k/v while the products kernel still runs and waits only
-// before reading P and M. Those early reads are why the products kernel of a short pass stays a plain
-// launch: the kernels writing q/k/v/g/β have then completed in stream order before it starts, as
-// before. As a dependent itself, only its in-kernel wait would separate those writes from the
-// recurrence's early reads, and griddepcontrol promises visibility only to the grid that waited. A
-// long pass's products kernel is a dependent launch like any other, and its recurrence is launched
-// plainly (the dependent launch timed slower there, see the header). A long pass whose 32-column slices would leave over half the SMs idle (the 0.8B
+// recurrence is launched as the products kernel's programmatic dependent where the GPU allows it (sm_90,
+// griddepcontrol): it stages its state and q/k/v while the products kernel still runs (see
+// wait_for_products). A long pass whose 32-column slices would leave over half the SMs idle (the 0.8B
 // prefill: 4 × 16 blocks) walks 16-column slices, twice the blocks, each with half the work per chunk.
 template <int DK>
 cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
@@ -831,15 +843,16 @@ cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
   const bool vec = vectorizable(a);
   const int64_t chunks = max_chunks(a);
   if (chunks > 0) {
-    LaunchShape shape{dim3(static_cast<unsigned>(chunks), a.Hk, 2), kThreads, product_bytes};
-    shape.dependent = !a.short_seqs;
-    const cudaError_t err = launch(gdn_chunk_products_kernel<DK>, shape, stream, a, vec, products);
+    gdn_chunk_products_kernel<DK><<<dim3(static_cast<unsigned>(chunks), a.Hk, 2), kThreads, product_bytes, stream>>>(
+        a, vec, products);
+    const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  const bool dependent = chunks > 0 && a.short_seqs;
+  const DeviceTraits& dev = device_traits();
+  const bool dependent = chunks > 0 && a.short_seqs && dev.major >= 9;
   const int64_t wide_blocks = static_cast<int64_t>((a.dv + kSlice - 1) / kSlice) * a.Hv * a.n_seqs;
   if constexpr (DK >= 64) {
-    if (!a.short_seqs && 2 * wide_blocks <= device_sms()) {
+    if (!a.short_seqs && 2 * wide_blocks <= dev.sms) {
       return launch_recurrence<DK, true, kNarrow>(a, vec, products, dependent, stream);
     }
   }

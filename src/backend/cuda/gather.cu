@@ -8,7 +8,6 @@
 #include <cmath>
 
 #include "backend/cuda/device_math.cuh"
-#include "backend/cuda/launch.cuh"
 
 namespace kev::cuda {
 
@@ -20,7 +19,6 @@ template <bool kBf16, bool kVec4>
 __global__ void gather_kernel(const void* __restrict__ src, int64_t V, int64_t src_stride,
                               const int32_t* __restrict__ ids, int64_t d, float* __restrict__ out,
                               int64_t out_stride) {
-  begin_dependent();
   const int64_t i = blockIdx.x;
   const int32_t id = ids[i];
   float* o = out + i * out_stride;
@@ -47,10 +45,15 @@ __global__ void gather_kernel(const void* __restrict__ src, int64_t V, int64_t s
 cudaError_t launch_gather_rows(const void* src, bool src_bf16, int64_t V, int64_t src_stride, const int32_t* ids,
                                int64_t n, int64_t d, float* out, int64_t out_stride, cudaStream_t stream) {
   if (n == 0 || d == 0) return cudaSuccess;
-  const bool vec4 = d % 4 == 0 && src_stride % 4 == 0 && out_stride % 4 == 0 && aligned16(src) && aligned16(out);
-  auto* kernel = src_bf16 ? gather_kernel<true, false>
-                          : vec4 ? gather_kernel<false, true> : gather_kernel<false, false>;
-  return launch(kernel, {static_cast<unsigned>(n), kThreads}, stream, src, V, src_stride, ids, d, out, out_stride);
+  const dim3 grid(static_cast<unsigned>(n));
+  if (src_bf16) {
+    gather_kernel<true, false><<<grid, kThreads, 0, stream>>>(src, V, src_stride, ids, d, out, out_stride);
+  } else if (d % 4 == 0 && src_stride % 4 == 0 && out_stride % 4 == 0 && aligned16(src) && aligned16(out)) {
+    gather_kernel<false, true><<<grid, kThreads, 0, stream>>>(src, V, src_stride, ids, d, out, out_stride);
+  } else {
+    gather_kernel<false, false><<<grid, kThreads, 0, stream>>>(src, V, src_stride, ids, d, out, out_stride);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace kev::cuda

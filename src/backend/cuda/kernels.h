@@ -116,10 +116,6 @@ cudaError_t launch_wait_gate(const uint32_t* word, uint32_t value, cudaStream_t 
 // otherwise).
 cudaError_t probe_kernel_image();
 
-// launch.cu: whether the launches on the current device are programmatic dependent launches (sm_90+,
-// kernels built with griddepcontrol, KEV_CUDA_PDL not "0"; launch.cuh); decided once per device.
-bool dependent_launches();
-
 // matmul input conversion (elementwise.cu): dst[n, k] BF16 contiguous = round(x[n, k]) (row stride ldx);
 // with `split`, dst[2n, k] holds hi = round(x) in rows [0, n) and lo = round(x − hi) in rows [n, 2n).
 cudaError_t launch_f32_to_bf16_rows(const float* x, int64_t ldx, uint16_t* dst, int64_t n, int64_t k, bool split,

@@ -46,7 +46,6 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/f16_rows.cuh"
-#include "backend/cuda/launch.cuh"
 
 namespace kev::cuda {
 
@@ -155,7 +154,6 @@ __device__ __forceinline__ float norm_vec4_row(const NormArgs& a, int64_t row, i
 // kHalf: the block's warps are the half_group rows of one GEMM row (grid exact, no row out of range).
 template <NormKind kKind, bool kHalf>
 __global__ void __launch_bounds__(1024) norm_vec4_kernel(NormArgs a) {
-  begin_dependent();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (!kHalf && row >= a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2]) return;
@@ -184,7 +182,6 @@ __device__ __forceinline__ int64_t rows_of(const NormArgs& a) {
 // The fused GDN prep launch (launch_gdn_prep): blocks [0, nb0) are launch_norm's blocks for norms[0]
 // (kWarpsPerBlock rows each), the next nb1 those for norms[1], the rest 128 gate pairs each.
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) gdn_prep_kernel(GdnPrepArgs p, unsigned nb0, unsigned nb1) {
-  begin_dependent();
   const int lane = threadIdx.x % 32;
   const int64_t warp_row = threadIdx.x / 32;
   float4 r[kLaneVecs];
@@ -213,7 +210,6 @@ constexpr int kRowThreads = 128, kRowVec = 8;  // wide rows: d / 4 <= kRowThread
 // the row's FP16 copy (half_group = 1).
 template <bool kAdd, bool kHalf>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
-  begin_dependent();
   const int64_t row = blockIdx.x;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t x_off = row_offset(a.x_rows, row);
@@ -279,7 +275,6 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
 
 template <NormKind kKind>
 __global__ void norm_kernel(NormArgs a) {
-  begin_dependent();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2]) return;
@@ -336,19 +331,21 @@ int64_t norm_blocks(const NormArgs& a) { return (a.x_rows.count() + kWarpsPerBlo
 constexpr int kGateThreads = 32 * kWarpsPerBlock;  // gate pairs per block of the fused launch
 
 template <NormKind kKind>
-cudaError_t launch_vec4(const NormArgs& a, int64_t rows, cudaStream_t stream) {
+void launch_vec4(const NormArgs& a, int64_t rows, cudaStream_t stream) {
   if (a.half) {
-    return launch(norm_vec4_kernel<kKind, true>,
-                  {static_cast<unsigned>(rows / a.half_group), static_cast<unsigned>(32 * a.half_group)}, stream, a);
+    norm_vec4_kernel<kKind, true><<<static_cast<unsigned>(rows / a.half_group), 32 * a.half_group, 0, stream>>>(a);
+  } else {
+    norm_vec4_kernel<kKind, false><<<static_cast<unsigned>(norm_blocks(a)), 32 * kWarpsPerBlock, 0, stream>>>(a);
   }
-  return launch(norm_vec4_kernel<kKind, false>, {static_cast<unsigned>(norm_blocks(a)), 32 * kWarpsPerBlock}, stream,
-                a);
 }
 
 template <bool kAdd>
-cudaError_t launch_row(const NormArgs& a, int64_t rows, cudaStream_t stream) {
-  return launch(a.half ? rms_norm_row_kernel<kAdd, true> : rms_norm_row_kernel<kAdd, false>,
-                {static_cast<unsigned>(rows), kRowThreads}, stream, a);
+void launch_row(const NormArgs& a, int64_t rows, cudaStream_t stream) {
+  if (a.half) {
+    rms_norm_row_kernel<kAdd, true><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(a);
+  } else {
+    rms_norm_row_kernel<kAdd, false><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(a);
+  }
 }
 
 }  // namespace
@@ -379,8 +376,9 @@ cudaError_t launch_gdn_prep(const GdnPrepArgs& a, cudaStream_t stream) {
   const int64_t nb0 = a.n_norms > 0 ? norm_blocks(a.norms[0]) : 0, nb1 = a.n_norms > 1 ? norm_blocks(a.norms[1]) : 0;
   const int64_t blocks = nb0 + nb1 + (a.gates.n * a.gates.Hv + kGateThreads - 1) / kGateThreads;
   if (blocks == 0) return cudaSuccess;
-  return launch(gdn_prep_kernel, {static_cast<unsigned>(blocks), kGateThreads}, stream, a, static_cast<unsigned>(nb0),
-                static_cast<unsigned>(nb1));
+  gdn_prep_kernel<<<static_cast<unsigned>(blocks), kGateThreads, 0, stream>>>(a, static_cast<unsigned>(nb0),
+                                                                              static_cast<unsigned>(nb1));
+  return cudaGetLastError();
 }
 
 cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream) {
@@ -389,25 +387,31 @@ cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream) {
   if (a.half && !norm_writes_half(a)) return cudaErrorInvalidValue;
   const NormPath path = norm_path(a);
   if (path == NormPath::Row) {
-    return a.kind == NormKind::AddRms ? launch_row<true>(a, rows, stream) : launch_row<false>(a, rows, stream);
+    if (a.kind == NormKind::AddRms) {
+      launch_row<true>(a, rows, stream);
+    } else {
+      launch_row<false>(a, rows, stream);
+    }
+    return cudaGetLastError();
   }
   if (path == NormPath::Vec4) {
     switch (a.kind) {
-      case NormKind::Rms: return launch_vec4<NormKind::Rms>(a, rows, stream);
-      case NormKind::AddRms: return launch_vec4<NormKind::AddRms>(a, rows, stream);
-      case NormKind::L2: return launch_vec4<NormKind::L2>(a, rows, stream);
-      case NormKind::RmsGated: return launch_vec4<NormKind::RmsGated>(a, rows, stream);
+      case NormKind::Rms: launch_vec4<NormKind::Rms>(a, rows, stream); break;
+      case NormKind::AddRms: launch_vec4<NormKind::AddRms>(a, rows, stream); break;
+      case NormKind::L2: launch_vec4<NormKind::L2>(a, rows, stream); break;
+      case NormKind::RmsGated: launch_vec4<NormKind::RmsGated>(a, rows, stream); break;
     }
-    return cudaErrorInvalidValue;
+    return cudaGetLastError();
   }
-  const LaunchShape shape{static_cast<unsigned>(norm_blocks(a)), 32 * kWarpsPerBlock};
+  const dim3 grid(static_cast<unsigned>(norm_blocks(a)));
+  const int threads = 32 * kWarpsPerBlock;
   switch (a.kind) {
-    case NormKind::Rms: return launch(norm_kernel<NormKind::Rms>, shape, stream, a);
-    case NormKind::AddRms: return launch(norm_kernel<NormKind::AddRms>, shape, stream, a);
-    case NormKind::L2: return launch(norm_kernel<NormKind::L2>, shape, stream, a);
-    case NormKind::RmsGated: return launch(norm_kernel<NormKind::RmsGated>, shape, stream, a);
+    case NormKind::Rms: norm_kernel<NormKind::Rms><<<grid, threads, 0, stream>>>(a); break;
+    case NormKind::AddRms: norm_kernel<NormKind::AddRms><<<grid, threads, 0, stream>>>(a); break;
+    case NormKind::L2: norm_kernel<NormKind::L2><<<grid, threads, 0, stream>>>(a); break;
+    case NormKind::RmsGated: norm_kernel<NormKind::RmsGated><<<grid, threads, 0, stream>>>(a); break;
   }
-  return cudaErrorInvalidValue;
+  return cudaGetLastError();
 }
 
 }  // namespace kev::cuda

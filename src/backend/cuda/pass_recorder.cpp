@@ -37,25 +37,6 @@ uint64_t hash_words(std::span<const uint64_t> words) {
   return h;
 }
 
-// Edges of a captured graph that let a kernel start before the kernel it follows has completed: what
-// the dependent launches (launch.cuh) turn into under stream capture.
-uint64_t count_programmatic_edges(cudaGraph_t graph) {
-  size_t n = 0;
-  if (cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  std::vector<cudaGraphNode_t> from(n), to(n);
-  std::vector<cudaGraphEdgeData> data(n);
-  if (n == 0 || cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  uint64_t programmatic = 0;
-  for (size_t i = 0; i < n; ++i) programmatic += data[i].type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
-  return programmatic;
-}
-
 }  // namespace
 
 ChunkArena::~ChunkArena() {
@@ -252,7 +233,6 @@ Status PassRecorder::capture(size_t n, cudaGraph_t* graph) {
   }
   KEV_CUDA_TRY(cudaStreamEndCapture(stream_, graph));
   ++graph_captures_;
-  programmatic_edges_ += count_programmatic_edges(*graph);
   return Status::success();
 }
 

@@ -163,8 +163,6 @@ class PassRecorder {
   uint64_t graph_captures() const { return graph_captures_; }
   // Passes whose capture or instantiation failed and that ran directly instead.
   uint64_t capture_failures() const { return capture_failures_; }
-  // Kernel-to-kernel edges of the captured graphs that are programmatic (dependent launches, launch.cuh).
-  uint64_t programmatic_edges() const { return programmatic_edges_; }
 
  private:
   struct Command {
@@ -205,7 +203,7 @@ class PassRecorder {
   const int32_t* last_offsets_dev_ = nullptr;
   std::list<GraphEntry> graphs_cache_;  // most recently used first
   std::list<uint64_t> seen_;            // hashes of signatures run once without a graph, newest first
-  uint64_t graph_launches_ = 0, graph_captures_ = 0, capture_failures_ = 0, programmatic_edges_ = 0;
+  uint64_t graph_launches_ = 0, graph_captures_ = 0, capture_failures_ = 0;
   uint64_t recorded_ = 0, pass_serial_ = 0;
   // Tracing (see above).
   Trace trace_ = Trace::Off;

@@ -7,7 +7,6 @@
 #include <cmath>
 
 #include "backend/cuda/device_math.cuh"
-#include "backend/cuda/launch.cuh"
 
 namespace kev::cuda {
 
@@ -18,7 +17,6 @@ constexpr int kWarpsPerBlock = 8;
 __global__ void pointer_logits_kernel(const float* u, int64_t u_stride, int64_t Q, const float* kappa,
                                       int64_t kappa_stride, const int32_t* question, int64_t M, int64_t P,
                                       float scale, float* out) {
-  begin_dependent();
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (j >= M) return;
@@ -41,8 +39,10 @@ cudaError_t launch_pointer_logits(const float* u, int64_t u_stride, int64_t Q, c
                                   int64_t kappa_stride, const int32_t* question, int64_t M, int64_t P, float scale,
                                   float* out, cudaStream_t stream) {
   if (M == 0) return cudaSuccess;
-  const LaunchShape shape{static_cast<unsigned>((M + kWarpsPerBlock - 1) / kWarpsPerBlock), 32 * kWarpsPerBlock};
-  return launch(pointer_logits_kernel, shape, stream, u, u_stride, Q, kappa, kappa_stride, question, M, P, scale, out);
+  const unsigned grid = static_cast<unsigned>((M + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  pointer_logits_kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(u, u_stride, Q, kappa, kappa_stride, question, M,
+                                                                  P, scale, out);
+  return cudaGetLastError();
 }
 
 }  // namespace kev::cuda

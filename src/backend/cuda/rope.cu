@@ -14,7 +14,6 @@
 // earlier thread per (token, i) walking all H heads ran as H dependent round trips on a grid of 32
 // blocks for a 250-token pass (4B: 10.9 us under Nsight Compute).
 #include "backend/cuda/device_math.cuh"
-#include "backend/cuda/launch.cuh"
 
 namespace kev::cuda {
 
@@ -25,7 +24,6 @@ constexpr int kThreads = 128, kHeads = 4;
 __host__ __device__ __forceinline__ int64_t head_groups(const RopeArgs& a) { return (a.H + kHeads - 1) / kHeads; }
 
 __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
-  begin_dependent();
   const int64_t half = a.n_rot / 2, groups = head_groups(a);
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= a.n_tokens * groups * half) return;
@@ -54,7 +52,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
 cudaError_t launch_rope(const RopeArgs& a, cudaStream_t stream) {
   const int64_t total = a.n_tokens * head_groups(a) * (a.n_rot / 2);
   if (total == 0) return cudaSuccess;
-  return launch(rope_kernel, {static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads}, stream, a);
+  rope_kernel<<<static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 }  // namespace kev::cuda

@@ -2,9 +2,7 @@
 // in mapped pinned host memory reaches `value`, holding back everything enqueued after it on the
 // stream. The host enqueues a batch of commands with their timing events behind the gate and then
 // writes the word, so the events time the kernels back to back rather than the host's launch rate.
-// Launch: 1 block of 1 thread; polls every ~1 µs, for at most 200 ms. Only used while tracing. Launched
-// plainly, not through launch.cuh: it must start only once everything before it has finished, and a
-// dependent launch after it simply starts at its end.
+// Launch: 1 block of 1 thread; polls every ~1 µs, for at most 200 ms. Only used while tracing.
 #include "backend/cuda/kernels.h"
 
 namespace kev::cuda {

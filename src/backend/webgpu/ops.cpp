@@ -60,6 +60,8 @@ const KernelSpec kGdnGates{"gdn_gates", "gdn_gates", 6};
 const KernelSpec kMatmul{"matmul", "matmul", 4};
 const KernelSpec kMatmulSmall{"matmul", "matmul_small", 4};
 const KernelSpec kMatmulRows{"matmul", "matmul_rows", 4};
+const KernelSpec kMatmulSplit{"matmul", "matmul_split", 4};
+const KernelSpec kMatmulSmallSplit{"matmul", "matmul_small_split", 4};
 const KernelSpec kMatmulReduce{"matmul_reduce", "matmul_reduce", 3};
 const KernelSpec kConv{"causal_conv1d", "conv", 6};
 const KernelSpec kConvState{"causal_conv1d", "conv_state", 6};
@@ -573,8 +575,8 @@ Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bia
           ceil_div(rows, kMatmulTile) * ceil_div(part.cols, kMatmulTile) * split.pieces >= kMatmulMinLargeTiles;
       const uint64_t tile = large ? kMatmulTile : kMatmulSmallTile;
       q.tiles_m = u32(ceil_div(part.cols, tile));
-      KEV_TRY(dispatch(kOp, large ? kMatmul : kMatmulSmall, &q, sizeof q, {bx.b, part.bw.b, bb.b, planes},
-                       ceil_div(rows, tile) * q.tiles_m * split.pieces));
+      KEV_TRY(dispatch(kOp, large ? kMatmulSplit : kMatmulSmallSplit, &q, sizeof q,
+                       {bx.b, part.bw.b, bb.b, planes}, ceil_div(rows, tile) * q.tiles_m * split.pieces));
       MatmulReduceParams r{};
       r.n = u32(rows);
       r.m = p.m;

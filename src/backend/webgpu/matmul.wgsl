@@ -3,8 +3,9 @@
 // Layout: x [n,k] F32 (row stride x_st: x may be a column slice), w [m,k] F32 contiguous (one piece
 // of a weight split on row boundaries at upload: the piece's rows are output columns
 // [col0, col0 + m)), bias [M] or a dummy, out [n, M] (row stride o_st).
-// Three entry points; the dispatch (ops.cpp) takes `matmul_rows` for n ≤ 8, else `matmul` where
-// the output's 128×128 tiles (times the k pieces, below) fill a large GPU, else `matmul_small`.
+// Three kernels; the dispatch (ops.cpp) takes `matmul_rows` for n ≤ 8, else `matmul` where
+// the output's 128×128 tiles (times the k pieces, below) fill a large GPU, else `matmul_small`; the
+// two tiled ones have a split-K entry point each (`matmul_split`, `matmul_small_split`).
 // Workgroups are folded (linear index, tiles_m tiles per tile row, then the k pieces).
 // - matmul: one 256-invocation workgroup (16×16) per 128×128 tile. Each invocation owns an 8×8
 //   block — rows {4·ty..4·ty+3, 64+4·ty..+3}, columns {4·tx..4·tx+3, 64+4·tx..+3} — in 16 vec4 FP32
@@ -30,10 +31,14 @@
 // All issue the next step's global loads before the current step's FMAs (register prefetch), so
 // the load latency overlaps the arithmetic.
 // Split-K: the host cuts k into `pieces` ranges of k_piece (a multiple of 16; the last one shorter)
-// chosen from the weight's shape alone (ops.cpp). A tiled dispatch then covers every piece: workgroup
-// lin computes tile lin % tiles over piece lin / tiles and stores the partial sums, without bias, to
-// plane `piece` of the output binding (the host binds scratch planes [pieces][n][m] there, o_off +
-// piece · piece_stride); matmul_reduce.wgsl adds the planes in piece order, then the bias.
+// chosen from the weight's shape alone (ops.cpp). A dispatch of a tiled kernel's `_split` entry point
+// then covers every piece: workgroup lin computes tile lin % tiles over piece lin / tiles and stores
+// the partial sums, without bias, to plane `piece` of the output binding (the host binds scratch
+// planes [pieces][n][m] there, o_off + piece · piece_stride); matmul_reduce.wgsl adds the planes in
+// piece order, then the bias. The plain entry points run the same tile code over all of k with the
+// piece fixed at compile time (k from 0, stored at o_off), as before split-K: with one entry point
+// each reading its piece at run time, unsplit shapes and the 4096³ rate measured 2 % slower on the
+// H200 (docs/backends.md).
 // matmul_rows walks all of k itself and folds at the same boundaries, in the same order.
 // Each partial is accumulated in ascending k from its piece's start (zero-padded to a multiple of
 // 16), one FMA per step from 0; the pieces are added in order (piece 0 + piece 1 + ...) and the bias
@@ -86,7 +91,8 @@ fn piece_of(lin: u32, tiles: u32) -> Piece {
   return Piece(lo, min(p.k_piece, p.k - lo), p.o_off + s * p.piece_stride);
 }
 
-// All of k in one piece, stored at o_off (matmul_rows, which folds the pieces itself).
+// All of k in one piece, stored at o_off: the plain tiled entry points, and matmul_rows, which folds
+// the pieces itself.
 fn whole_k() -> Piece {
   return Piece(0u, p.k, p.o_off);
 }
@@ -196,16 +202,9 @@ fn zero_block8() -> Block8 {
   return Block8(zero_block4(), zero_block4(), zero_block4(), zero_block4());
 }
 
-@compute @workgroup_size(256)
-fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
-  let lin = linear_group(wid, nwg);
-  let tiles = (p.n + 127u) / 128u * p.tiles_m;
-  if (lin >= tiles * p.pieces) {
-    return;
-  }
-  let pc = piece_of(lin, tiles);
-  let t = tile128(lin % tiles, lid);
+// matmul's workgroup: tile `tile` over piece pc.
+fn matmul_tile(pc: Piece, tile: u32, lid: u32) {
+  let t = tile128(tile, lid);
   var pre = load128(pc, t, 0u);
   var acc = zero_block8();
   for (var k0 = 0u; k0 < pc.k_len; k0 += KT) {
@@ -229,15 +228,28 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 }
 
 @compute @workgroup_size(256)
-fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+  let tile = linear_group(wid, nwg);
+  if (tile >= (p.n + 127u) / 128u * p.tiles_m) {
+    return;
+  }
+  matmul_tile(whole_k(), tile, lid);
+}
+
+@compute @workgroup_size(256)
+fn matmul_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
   let lin = linear_group(wid, nwg);
-  let tiles = (p.n + 63u) / 64u * p.tiles_m;
+  let tiles = (p.n + 127u) / 128u * p.tiles_m;
   if (lin >= tiles * p.pieces) {
     return;
   }
-  let pc = piece_of(lin, tiles);
-  let tile = lin % tiles;
+  matmul_tile(piece_of(lin, tiles), lin % tiles, lid);
+}
+
+// matmul_small's workgroup: tile `tile` over piece pc.
+fn matmul_small_tile(pc: Piece, tile: u32, lid: u32) {
   let row0 = (tile / p.tiles_m) * 64u;
   let colt0 = (tile % p.tiles_m) * 64u;
   let ty = row_quad(lid);
@@ -275,6 +287,27 @@ fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     workgroupBarrier();
   }
   store_block4(pc.o_base, row0 + 4u * ty, colt0 + 4u * tx, acc);
+}
+
+@compute @workgroup_size(256)
+fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+  let tile = linear_group(wid, nwg);
+  if (tile >= (p.n + 63u) / 64u * p.tiles_m) {
+    return;
+  }
+  matmul_small_tile(whole_k(), tile, lid);
+}
+
+@compute @workgroup_size(256)
+fn matmul_small_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+  let lin = linear_group(wid, nwg);
+  let tiles = (p.n + 63u) / 64u * p.tiles_m;
+  if (lin >= tiles * p.pieces) {
+    return;
+  }
+  matmul_small_tile(piece_of(lin, tiles), lin % tiles, lid);
 }
 
 // matmul_rows: w columns (put_w_rows) or x rows (put_x_rows) c0..c0+3 at k = l of the step.

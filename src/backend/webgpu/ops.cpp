@@ -35,12 +35,14 @@ constexpr uint64_t kMatmulRowsColumns = 16;  // output columns per `matmul_rows`
 // Split-K (matmul.wgsl): a weight whose output would have fewer than kMatmulMinLargeTiles 128×128
 // tiles in a pass of kMatmulSplitRows rows gets its k cut into pieces, enough for about
 // kMatmulSplitTiles tiles in such a pass (about four waves of an H200), each piece at least
-// kMatmulMinPieceK long. The 0.8B's m = 1,024 projections (k 3,584 and 2,048) get 8 pieces: the best
-// or within noise of the best of 1–10 pieces and either tiled kernel at 2,187, 250 and 222 rows on
-// the H200 (docs/backends.md).
+// kMatmulMinPieceK long: every piece costs a partial plane written by the product and read back by
+// the reduction (9 MB at 2,187 × 1,024), so the 0.8B's m = 1,024 projections get 7 pieces of 512 (MLP
+// down, k 3,584) and 4 (out_proj / o_proj, k 2,048) rather than 8 of 448 and 256. In the H200 sweep
+// (docs/backends.md) 5–10 pieces timed within 2 % of each other at 2,187 × 3,584 × 1,024 and 4, 5 and 8
+// at k 2,048 (2,187 and 250 rows).
 constexpr uint64_t kMatmulSplitRows = 2048;
 constexpr uint64_t kMatmulSplitTiles = 1024;
-constexpr uint64_t kMatmulMinPieceK = 256;
+constexpr uint64_t kMatmulMinPieceK = 512;
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 uint32_t u32(int64_t v) { return static_cast<uint32_t>(v); }
@@ -60,6 +62,8 @@ const KernelSpec kGdnGates{"gdn_gates", "gdn_gates", 6};
 const KernelSpec kMatmul{"matmul", "matmul", 4};
 const KernelSpec kMatmulSmall{"matmul", "matmul_small", 4};
 const KernelSpec kMatmulRows{"matmul", "matmul_rows", 4};
+const KernelSpec kMatmulSplit{"matmul", "matmul_split", 4};
+const KernelSpec kMatmulSmallSplit{"matmul", "matmul_small_split", 4};
 const KernelSpec kMatmulReduce{"matmul_reduce", "matmul_reduce", 3};
 const KernelSpec kConv{"causal_conv1d", "conv", 6};
 const KernelSpec kConvState{"causal_conv1d", "conv_state", 6};
@@ -573,8 +577,8 @@ Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bia
           ceil_div(rows, kMatmulTile) * ceil_div(part.cols, kMatmulTile) * split.pieces >= kMatmulMinLargeTiles;
       const uint64_t tile = large ? kMatmulTile : kMatmulSmallTile;
       q.tiles_m = u32(ceil_div(part.cols, tile));
-      KEV_TRY(dispatch(kOp, large ? kMatmul : kMatmulSmall, &q, sizeof q, {bx.b, part.bw.b, bb.b, planes},
-                       ceil_div(rows, tile) * q.tiles_m * split.pieces));
+      KEV_TRY(dispatch(kOp, large ? kMatmulSplit : kMatmulSmallSplit, &q, sizeof q,
+                       {bx.b, part.bw.b, bb.b, planes}, ceil_div(rows, tile) * q.tiles_m * split.pieces));
       MatmulReduceParams r{};
       r.n = u32(rows);
       r.m = p.m;

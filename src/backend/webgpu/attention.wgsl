@@ -14,32 +14,39 @@
 // value row is read once per 64 rows. The tile's keys (prefix, then own keys up to its last token)
 // go by in tiles of 64; a work item takes a contiguous range of them (the host splits long tiles, so
 // that few tiles or a causal prefill's long last tiles still spread over the GPU). Invocation
-// (ty, tx) = (lid / 16, lid % 16) owns rows 4ty..4ty+3 throughout. Per key tile, through 12 KiB of
-// workgroup memory (`buf`, the only workgroup array besides two vec4 of tile data):
-// - scores S[64 rows × 64 keys] = Q·Kᵀ in registers: the invocation owns keys 2tx, 2tx+1 of each
-//   half of 32 keys (16 FMAs per two vec4 shared loads), over hd in chunks of 16 dims staged k-major
-//   (Q [16][16 row quads], K [16][16 key quads], key quad q = keys 2q, 2q+1, 32+2q, 33+2q; quad index
-//   XOR-swizzled with the dim so a store wavefront hits distinct banks); Q is re-staged per key tile
-//   (64 rows × hd does not fit).
-// - online softmax in FP32 per row: each invocation's max over its 4 keys goes to workgroup memory
-//   (`red` [16 tx][16 row quads] at KOFF) and every invocation of a row reads all 16, so all hold
-//   the same running max m (registers) and rescale by exp(old m − new m); each keeps the running sum
-//   l of its own keys only, summed over the 16 once at the end. Masked keys contribute exactly 0.
-// - O[64 × hd] += P·V in two halves of 32 keys (P of keys 32h..32h+31 as [32 keys][16 row quads] at
-//   0, every invocation writing its two keys of the half, so only the second half's P stays in
-//   registers through the first; a half past the tile's last key is skipped): the invocation owns dim
-//   quads tx + 16u (u < 4) of its rows in 16 vec4 registers, values staged 4 keys at a time (4 × 64
-//   quads at KOFF).
-// Barriers: two per dim chunk and per value chunk, one per key tile for the row maxima and one per
-// half for P. The next chunk's global loads are issued before the current chunk's FMAs (register
-// prefetch).
+// (ty, tx) = (lid / 16, lid % 16) owns rows 4ty..4ty+3 throughout and keys tx + 16a (a < 4) of each
+// key tile. Everything goes through one workgroup array `buf` (which also hands the tile data to
+// every invocation at the start), in phases that barriers keep apart:
+// - scores S[64 rows × 64 keys] = Q·Kᵀ in registers (4 rows × 4 keys per invocation, 16 FMAs per two
+//   16-byte shared loads), over hd in chunks of QK_DC dims staged k-major: Q [QK_DC][16 row quads],
+//   then K [QK_DC][16 key quads] (key quad c = keys c, c+16, c+32, c+48), quad index XOR-swizzled
+//   with the row (`sidx`), so that the 8 invocations of a store wavefront (8 consecutive dims of one
+//   quad) hit 8 bank groups; one stage, two barriers per chunk (on the H200 faster than two stages of
+//   16 dims with one barrier each, or chunks of 64 dims in 32 KiB: docs/backends.md); Q is re-staged
+//   per key tile (64 rows × hd does not fit).
+// - online softmax in FP32 per row: each invocation's max over its 4 keys goes to `red` [16 tx][16 row
+//   quads] and every invocation of a row reads all 16, so all hold the same running max m (registers)
+//   and rescale by exp(old m − new m); each keeps the running sum l of its own keys only, summed over
+//   the 16 once at the end. Masked keys contribute exactly 0.
+// - O[64 × hd] += P·V: p of 32 keys at a time in workgroup memory ([32 keys][16 row quads] at 0,
+//   swizzled as above; the second half is stored once every invocation is done with the first), the
+//   invocation owning dim quads tx + 16u (u < 4) of its rows in 16 vec4 registers; values staged VC
+//   keys at a time in two stages after p (one barrier per chunk); `red` lies in the second value
+//   stage, which is first written after the barrier that follows the maxima's reads.
+// The next chunk's global loads (Q/K, V, and across the phases: the tile's first value chunk during
+// its last score chunk, the next tile's first score chunk during its last value chunk) are issued
+// before the current chunk's FMAs (register prefetch). Loads past a tile's last key or past hd read
+// the last key or dim instead (their products reach only masked scores and unstored outputs); only
+// Q is zeroed past hd. Invalid query rows read the tile's first row (never stored).
 // A tile with S_i = 1: the workgroup writes out normalised. S_i > 1 (flash-decoding): each split
 // writes its rows' unnormalised output, running max m and sum l to `part` (O at [split][t][h][hd] for
 // split < max_splits, then (m, l) at [split][t][h]); `attention_combine` (one 64-invocation
 // workgroup per (token, head); tokens of unsplit tiles return at once) merges them:
 // m* = max_s m_s, out = Σ_s e^{m_s−m*} O_s / Σ_s e^{m_s−m*} l_s. A split that saw no visible key of a
 // row leaves m = −3e38, l = 0, O = 0 (weight 0).
-// Preconditions (supports()): hd <= 256, Hkv divides H; exp is WGSL's FP32 exp.
+// Preconditions (supports()): hd <= 256, Hkv divides H; exp is WGSL's FP32 exp. A binding holds
+// fewer than 2^31 floats (storage bindings stay below 4 GiB), so a row base's top bit is free for
+// PREFIX.
 
 struct Params {
   n_work: u32, h: u32, hkv: u32, hd: u32,
@@ -63,71 +70,174 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> part: array<f32>;
 
 const NEG_BIG: f32 = -3.0e38;
-const NONE: u32 = 0xffffffffu;  // the row base of a key or query row outside the tile
-const KT: u32 = 64u;    // keys per key tile
-const DC: u32 = 16u;    // dims per score chunk
-const VC: u32 = 4u;     // keys per value chunk
-const KOFF: u32 = 512u; // K chunk, then `red`, then the V chunk start here in `buf` (Q chunk, then P, below)
+const PREFIX: u32 = 0x80000000u;  // flag bit of a key or value row base: the row is in prefix_k / prefix_v
+const KT: u32 = 64u;      // keys per key tile
+const QK_DC: u32 = 32u;   // dims per score chunk (a multiple of 16)
+const VC: u32 = 4u;       // keys per value chunk (a multiple of 4 dividing 32)
+const QK_NQ: u32 = QK_DC / 16u;    // dims each invocation loads per score chunk (Q and K quads)
+const K_OFF: u32 = QK_DC * 16u;    // the K chunk, after the Q chunk
+const V_OFF: u32 = 32u * 16u;      // the value stages, after p
+const V_STAGE: u32 = VC * 64u;
+const RED: u32 = V_OFF + V_STAGE;  // row maxima and sums [16][16], in the second value stage
+const BUF: u32 = max(2u * K_OFF, V_OFF + 2u * V_STAGE);  // 16 KiB
 
-// Scores: Q chunk [DC][16 quads] at 0, K chunk [DC][16 quads] at 256. Softmax: `red` [16][16 quads]
-// at KOFF. P·V: P [32][16 quads] at 0, V chunk [VC][64 quads] at KOFF.
-var<workgroup> buf: array<vec4<f32>, 768>;
-var<workgroup> tile_info: vec4<u32>;
-var<workgroup> work_info: vec4<u32>;
+var<workgroup> buf: array<vec4<f32>, BUF>;
 
-// Element offset of key or value row s (prefix first) of KV head kvh, for a sequence starting at
-// token `begin`; NONE for s >= end.
-fn key_base(s: u32, end: u32, begin: u32, kvh: u32, value: bool) -> u32 {
-  if (s >= end) {
-    return NONE;
-  }
-  if (s < p.ls) {
-    if (value) {
-      return p.pv_off + s * p.pv_st0 + kvh * p.pv_st1;
-    }
-    return p.pk_off + s * p.pk_st0 + kvh * p.pk_st1;
-  }
-  if (value) {
-    return p.v_off + (begin + s - p.ls) * p.v_st0 + kvh * p.v_st1;
-  }
-  return p.k_off + (begin + s - p.ls) * p.k_st0 + kvh * p.k_st1;
+// Index of quad c of staged row r (Q / K chunks: r a dim; p: r a key), XOR-swizzled.
+fn sidx(r: u32, c: u32) -> u32 {
+  return r * 16u + (c ^ (r & 7u));
 }
 
-// Element d of the key (value = false) or value row s whose base is `base`; 0 for NONE or d >= hd.
-fn kv_at(base: u32, s: u32, d: u32, value: bool) -> f32 {
-  if (base == NONE || d >= p.hd) {
-    return 0.0;
-  }
-  if (s < p.ls) {
-    if (value) {
-      return prefix_v[base + d];
-    }
-    return prefix_k[base + d];
-  }
-  if (value) {
-    return v[base + d];
-  }
-  return k[base + d];
+// Index of tx's entry for row quad ty in `red` (8 tx of one ty hit 8 bank groups).
+fn ridx(tx: u32, ty: u32) -> u32 {
+  return RED + tx * 16u + (ty ^ (tx & 7u));
 }
 
-// Element d of query row base `qb`, 0 outside.
+// Base of the key (value = false) or value row of key s (prefix first) of KV head kvh, for a sequence
+// starting at token `begin`, s clamped to the tile's last key key_end − 1; PREFIX set for prefix rows.
+fn kv_base(s: u32, key_end: u32, begin: u32, kvh: u32, value: bool) -> u32 {
+  let sc = min(s, key_end - 1u);
+  if (sc < p.ls) {
+    return PREFIX | select(p.pk_off + sc * p.pk_st0 + kvh * p.pk_st1, p.pv_off + sc * p.pv_st0 + kvh * p.pv_st1,
+                           value);
+  }
+  let t = begin + sc - p.ls;
+  return select(p.k_off + t * p.k_st0 + kvh * p.k_st1, p.v_off + t * p.v_st0 + kvh * p.v_st1, value);
+}
+
+// Element d (clamped to hd − 1) of the key row with base b.
+fn k_at(b: u32, d: u32) -> f32 {
+  let dc = min(d, p.hd - 1u);
+  if (b >= PREFIX) {
+    return prefix_k[(b ^ PREFIX) + dc];
+  }
+  return k[b + dc];
+}
+
+// Dims d..d+3 (clamped to hd − 1) of the value row with base b.
+fn v_at(b: u32, d: u32) -> vec4<f32> {
+  let last = p.hd - 1u;
+  if (b >= PREFIX) {
+    let pb = b ^ PREFIX;
+    return vec4<f32>(prefix_v[pb + min(d, last)], prefix_v[pb + min(d + 1u, last)], prefix_v[pb + min(d + 2u, last)],
+                     prefix_v[pb + min(d + 3u, last)]);
+  }
+  return vec4<f32>(v[b + min(d, last)], v[b + min(d + 1u, last)], v[b + min(d + 2u, last)], v[b + min(d + 3u, last)]);
+}
+
+// Element d of the query row with base qb, 0 past hd.
 fn q_at(qb: u32, d: u32) -> f32 {
-  if (qb == NONE || d >= p.hd) {
-    return 0.0;
+  return select(0.0, q[qb + min(d, p.hd - 1u)], d < p.hd);
+}
+
+// The key bases of key quad c of the tile at s0 (keys c, c+16, c+32, c+48).
+fn k_bases(s0: u32, key_end: u32, begin: u32, kvh: u32, c: u32) -> vec4<u32> {
+  let s = s0 + c;
+  return vec4<u32>(kv_base(s, key_end, begin, kvh, false), kv_base(s + 16u, key_end, begin, kvh, false),
+                   kv_base(s + 32u, key_end, begin, kvh, false), kv_base(s + 48u, key_end, begin, kvh, false));
+}
+
+// A loader's part of one score chunk: its Q row quad and K key quad at dims d + 16i (i < QK_NQ).
+struct QkRegs {
+  q: array<vec4<f32>, QK_NQ>,
+  k: array<vec4<f32>, QK_NQ>,
+}
+
+fn load_qk(qb: vec4<u32>, kb: vec4<u32>, d: u32) -> QkRegs {
+  var r: QkRegs;
+  for (var i = 0u; i < QK_NQ; i++) {
+    let di = d + 16u * i;
+    r.q[i] = vec4<f32>(q_at(qb.x, di), q_at(qb.y, di), q_at(qb.z, di), q_at(qb.w, di));
+    r.k[i] = vec4<f32>(k_at(kb.x, di), k_at(kb.y, di), k_at(kb.z, di), k_at(kb.w, di));
   }
-  return q[qb + d];
+  return r;
 }
 
-// Swizzled quad index: quad c of staged row r (8 rows of a store wavefront hit 8 bank groups).
-fn swz(r: u32, c: u32) -> u32 {
-  return c ^ (r & 7u);
+// Stores them as rows dl + 16i, quad lq, of the Q and K chunks.
+fn store_qk(r: QkRegs, dl: u32, lq: u32) {
+  for (var i = 0u; i < QK_NQ; i++) {
+    let at = sidx(dl + 16u * i, lq);
+    buf[at] = r.q[i];
+    buf[K_OFF + at] = r.k[i];
+  }
 }
 
-// The 16 × 4 row maxima in `red`, each the max over one invocation's 4 keys, reduced for row quad ty.
-fn red_max(ty: u32, m: vec4<f32>) -> vec4<f32> {
-  var r = m;
-  for (var t = 0u; t < 16u; t++) {
-    r = max(r, buf[KOFF + t * 16u + swz(t, ty)]);
+// A loader's part of one value chunk: dims 4vq..4vq+3 of keys vj0 + 4i (i < VC / 4) of the chunk at s.
+fn load_v(s: u32, key_end: u32, begin: u32, kvh: u32, vj0: u32, vq: u32) -> array<vec4<f32>, VC / 4u> {
+  var r: array<vec4<f32>, VC / 4u>;
+  for (var i = 0u; i < VC / 4u; i++) {
+    r[i] = v_at(kv_base(s + vj0 + 4u * i, key_end, begin, kvh, true), 4u * vq);
+  }
+  return r;
+}
+
+// Value stage of value chunk vc.
+fn v_base(vc: u32) -> u32 {
+  return V_OFF + (vc & 1u) * V_STAGE;
+}
+
+fn store_v(r: array<vec4<f32>, VC / 4u>, base: u32, vj0: u32, vq: u32) {
+  for (var i = 0u; i < VC / 4u; i++) {
+    buf[base + (vj0 + 4u * i) * 64u + vq] = r[i];
+  }
+}
+
+// Scores of rows 4ty..+3 × keys tx + 16a (a < 4) in sa.
+struct Scores {
+  s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>,
+}
+
+// One staged score chunk.
+fn qk_chunk(sc: Scores, ty: u32, tx: u32) -> Scores {
+  var r = sc;
+  for (var dd = 0u; dd < QK_DC; dd++) {
+    let qv = buf[sidx(dd, ty)];
+    let kv = buf[K_OFF + sidx(dd, tx)];
+    r.s0 = fma(qv, vec4<f32>(kv.x), r.s0);
+    r.s1 = fma(qv, vec4<f32>(kv.y), r.s1);
+    r.s2 = fma(qv, vec4<f32>(kv.z), r.s2);
+    r.s3 = fma(qv, vec4<f32>(kv.w), r.s3);
+  }
+  return r;
+}
+
+// O of rows 4ty..+3 (oi: row i, Block4 rows rU = dim quad tx + 16U).
+struct Out {
+  o0: Block4, o1: Block4, o2: Block4, o3: Block4,
+}
+
+fn scale_out(o: Out, f: vec4<f32>) -> Out {
+  return Out(Block4(o.o0.r0 * f.x, o.o0.r1 * f.x, o.o0.r2 * f.x, o.o0.r3 * f.x),
+             Block4(o.o1.r0 * f.y, o.o1.r1 * f.y, o.o1.r2 * f.y, o.o1.r3 * f.y),
+             Block4(o.o2.r0 * f.z, o.o2.r1 * f.z, o.o2.r2 * f.z, o.o2.r3 * f.z),
+             Block4(o.o3.r0 * f.w, o.o3.r1 * f.w, o.o3.r2 * f.w, o.o3.r3 * f.w));
+}
+
+// Stores p of this invocation's keys tx + 32h (pa) and tx + 16 + 32h (pb) as rows of the p half.
+fn p_store(pa: vec4<f32>, pb: vec4<f32>, ty: u32, tx: u32) {
+  buf[sidx(tx, ty)] = pa;
+  buf[sidx(16u + tx, ty)] = pb;
+}
+
+// O += P·V over value chunk vc (keys VC·vc.. of the tile, p from the stored half).
+fn pv_chunk(o: Out, vc: u32, ty: u32, tx: u32) -> Out {
+  var r = o;
+  let vs = v_base(vc);
+  for (var jj = 0u; jj < VC; jj++) {
+    let pr = buf[sidx((vc * VC + jj) & 31u, ty)];
+    let vb = vs + jj * 64u + tx;
+    let v0 = buf[vb];
+    let v1 = buf[vb + 16u];
+    let v2 = buf[vb + 32u];
+    let v3 = buf[vb + 48u];
+    r.o0 = Block4(fma(vec4<f32>(pr.x), v0, r.o0.r0), fma(vec4<f32>(pr.x), v1, r.o0.r1),
+                  fma(vec4<f32>(pr.x), v2, r.o0.r2), fma(vec4<f32>(pr.x), v3, r.o0.r3));
+    r.o1 = Block4(fma(vec4<f32>(pr.y), v0, r.o1.r0), fma(vec4<f32>(pr.y), v1, r.o1.r1),
+                  fma(vec4<f32>(pr.y), v2, r.o1.r2), fma(vec4<f32>(pr.y), v3, r.o1.r3));
+    r.o2 = Block4(fma(vec4<f32>(pr.z), v0, r.o2.r0), fma(vec4<f32>(pr.z), v1, r.o2.r1),
+                  fma(vec4<f32>(pr.z), v2, r.o2.r2), fma(vec4<f32>(pr.z), v3, r.o2.r3));
+    r.o3 = Block4(fma(vec4<f32>(pr.w), v0, r.o3.r0), fma(vec4<f32>(pr.w), v1, r.o3.r1),
+                  fma(vec4<f32>(pr.w), v2, r.o3.r2), fma(vec4<f32>(pr.w), v3, r.o3.r3));
   }
   return r;
 }
@@ -145,12 +255,12 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
   let g = p.h / p.hkv;
   if (lid == 0u) {
     let w = p.work_base + 4u * work;
-    work_info = vec4<u32>(tiles[w], tiles[w + 1u], tiles[w + 2u], tiles[w + 3u]);
     let ti = 4u * tiles[w];
-    tile_info = vec4<u32>(tiles[ti], tiles[ti + 1u], tiles[ti + 2u], tiles[ti + 3u]);
+    buf[0] = bitcast<vec4<f32>>(vec4<u32>(tiles[w], tiles[w + 1u], tiles[w + 2u], tiles[w + 3u]));
+    buf[1] = bitcast<vec4<f32>>(vec4<u32>(tiles[ti], tiles[ti + 1u], tiles[ti + 2u], tiles[ti + 3u]));
   }
-  let winfo = workgroupUniformLoad(&work_info);
-  let info = workgroupUniformLoad(&tile_info);
+  let winfo = bitcast<vec4<u32>>(workgroupUniformLoad(&buf[0]));
+  let info = bitcast<vec4<u32>>(workgroupUniformLoad(&buf[1]));
   let begin = info.x;
   let tau0 = info.y;
   let count = info.z;
@@ -161,87 +271,67 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
   let n_keys = p.ls + tau0 + count;
 
   // ty masked to 0..15 (a no-op for lid < 256) so that the shader compiler can prove the shared read
-  // indices in the inner loops (dd · 16 + (ty ^ swizzle), ...) within `buf` and drop Dawn's
-  // robustness clamp from each of them; tx is bounded already.
+  // indices in the inner loops within `buf` and drop Dawn's robustness clamp from each of them; tx is
+  // bounded already. The loader roles below reuse them: dim dl = tx (+ 16i) of a score chunk, Q row
+  // quad and K key quad lq = ty.
   let ty = (lid / 16u) & 15u;
   let tx = lid % 16u;
   // Row ρ: token tau0 + ρ / gw, head kvh·G + hchunk·gw + ρ % gw.
   var lim: vec4<u32>;  // rows 4ty..4ty+3 see keys s < lim (0: an invalid row)
+  var qb: vec4<u32>;   // their query row bases (invalid rows: the tile's first row)
   for (var i = 0u; i < 4u; i++) {
     let r = 4u * ty + i;
     let hh = hchunk * p.gw + r % p.gw;
-    lim[i] = select(0u, p.ls + tau0 + r / p.gw + 1u, r / p.gw < count && hh < g);
+    let ok = r / p.gw < count && hh < g;
+    lim[i] = select(0u, p.ls + tau0 + r / p.gw + 1u, ok);
+    qb[i] = p.q_off + (begin + tau0 + select(0u, r / p.gw, ok)) * p.q_st0 +
+            (kvh * g + select(hchunk * p.gw, hh, ok)) * p.q_st1;
   }
-  // Loader role: dim dl = lid % 16 of the chunk; Q row quad lq, K key quad lq.
-  let dl = lid % DC;
-  let lq = lid / DC;
-  var qb: vec4<u32>;  // query row bases of rows 4lq..4lq+3
-  for (var i = 0u; i < 4u; i++) {
-    let r = 4u * lq + i;
-    let hh = hchunk * p.gw + r % p.gw;
-    var base = NONE;
-    if (r / p.gw < count && hh < g) {
-      base = p.q_off + (begin + tau0 + r / p.gw) * p.q_st0 + (kvh * g + hh) * p.q_st1;
-    }
-    qb[i] = base;
-  }
-  let st_q = dl * 16u + swz(dl, lq);  // the loader's quad in the Q chunk (K chunk: + 256)
+  // Value loader role: dim quad vq, keys vj0 + 4i of the chunk.
+  let vq = lid % 64u;
+  let vj0 = lid / 64u;
 
   var m = vec4<f32>(NEG_BIG);  // running max of rows 4ty..+3 (the same in all 16 invocations of a row)
   var l = vec4<f32>(0.0);      // running sum of exp(score − m) over this invocation's keys
-  var a00 = vec4<f32>(0.0); var a01 = vec4<f32>(0.0); var a02 = vec4<f32>(0.0); var a03 = vec4<f32>(0.0);
-  var a10 = vec4<f32>(0.0); var a11 = vec4<f32>(0.0); var a12 = vec4<f32>(0.0); var a13 = vec4<f32>(0.0);
-  var a20 = vec4<f32>(0.0); var a21 = vec4<f32>(0.0); var a22 = vec4<f32>(0.0); var a23 = vec4<f32>(0.0);
-  var a30 = vec4<f32>(0.0); var a31 = vec4<f32>(0.0); var a32 = vec4<f32>(0.0); var a33 = vec4<f32>(0.0);
+  var o = Out(zero_block4(), zero_block4(), zero_block4(), zero_block4());
 
-  let n_dc = (p.hd + DC - 1u) / DC;
+  let n_dc = (p.hd + QK_DC - 1u) / QK_DC;
+  var kb = k_bases(kt0 * KT, min(n_keys, kt0 * KT + KT), begin, kvh, ty);
+  var rqk = load_qk(qb, kb, tx);
   for (var kt = kt0; kt < kt1; kt++) {
     let s0 = kt * KT;
     let key_end = min(n_keys, s0 + KT);
-    // ---- scores ----
-    let sk = s0 + 2u * lq;  // the loader's keys: sk, sk + 1, sk + 32, sk + 33
-    let kb = vec4<u32>(key_base(sk, key_end, begin, kvh, false), key_base(sk + 1u, key_end, begin, kvh, false),
-                       key_base(sk + 32u, key_end, begin, kvh, false), key_base(sk + 33u, key_end, begin, kvh, false));
-    var pq = vec4<f32>(q_at(qb.x, dl), q_at(qb.y, dl), q_at(qb.z, dl), q_at(qb.w, dl));
-    var pk = vec4<f32>(kv_at(kb.x, sk, dl, false), kv_at(kb.y, sk + 1u, dl, false),
-                       kv_at(kb.z, sk + 32u, dl, false), kv_at(kb.w, sk + 33u, dl, false));
-    var sc0 = vec4<f32>(0.0);  // rows 4ty..+3 × key 2tx
-    var sc1 = vec4<f32>(0.0);  // ... × key 2tx + 1
-    var sc2 = vec4<f32>(0.0);  // ... × key 32 + 2tx
-    var sc3 = vec4<f32>(0.0);  // ... × key 33 + 2tx
-    for (var c = 0u; c < n_dc; c++) {
-      buf[st_q] = pq;
-      buf[256u + st_q] = pk;
+    // ---- scores ---- (each loop's last chunk comes after it, behind the next phase's first loads)
+    workgroupBarrier();  // the previous tile's (or the tile data's) last reads are done
+    store_qk(rqk, tx, ty);
+    workgroupBarrier();
+    var sc = Scores(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var c = 0u; c + 1u < n_dc; c++) {
+      rqk = load_qk(qb, kb, (c + 1u) * QK_DC + tx);
+      sc = qk_chunk(sc, ty, tx);
       workgroupBarrier();
-      if (c + 1u < n_dc) {
-        let d = (c + 1u) * DC + dl;
-        pq = vec4<f32>(q_at(qb.x, d), q_at(qb.y, d), q_at(qb.z, d), q_at(qb.w, d));
-        pk = vec4<f32>(kv_at(kb.x, sk, d, false), kv_at(kb.y, sk + 1u, d, false),
-                       kv_at(kb.z, sk + 32u, d, false), kv_at(kb.w, sk + 33u, d, false));
-      }
-      for (var dd = 0u; dd < DC; dd++) {
-        let qv = buf[dd * 16u + swz(dd, ty)];
-        let kv = buf[256u + dd * 16u + swz(dd, tx)];
-        sc0 = fma(qv, vec4<f32>(kv.x), sc0);
-        sc1 = fma(qv, vec4<f32>(kv.y), sc1);
-        sc2 = fma(qv, vec4<f32>(kv.z), sc2);
-        sc3 = fma(qv, vec4<f32>(kv.w), sc3);
-      }
+      store_qk(rqk, tx, ty);
       workgroupBarrier();
     }
+    var rv = load_v(s0, key_end, begin, kvh, vj0, vq);
+    sc = qk_chunk(sc, ty, tx);
     // ---- online softmax ----
-    let j0 = s0 + 2u * tx;
+    let j0 = s0 + tx;
     let ok0 = vec4<u32>(j0) < lim;
-    let ok1 = vec4<u32>(j0 + 1u) < lim;
+    let ok1 = vec4<u32>(j0 + 16u) < lim;
     let ok2 = vec4<u32>(j0 + 32u) < lim;
-    let ok3 = vec4<u32>(j0 + 33u) < lim;
-    sc0 = select(vec4<f32>(NEG_BIG), sc0 * p.scale, ok0);
-    sc1 = select(vec4<f32>(NEG_BIG), sc1 * p.scale, ok1);
-    sc2 = select(vec4<f32>(NEG_BIG), sc2 * p.scale, ok2);
-    sc3 = select(vec4<f32>(NEG_BIG), sc3 * p.scale, ok3);
-    buf[KOFF + tx * 16u + swz(tx, ty)] = max(max(sc0, sc1), max(sc2, sc3));
+    let ok3 = vec4<u32>(j0 + 48u) < lim;
+    let sc0 = select(vec4<f32>(NEG_BIG), sc.s0 * p.scale, ok0);
+    let sc1 = select(vec4<f32>(NEG_BIG), sc.s1 * p.scale, ok1);
+    let sc2 = select(vec4<f32>(NEG_BIG), sc.s2 * p.scale, ok2);
+    let sc3 = select(vec4<f32>(NEG_BIG), sc.s3 * p.scale, ok3);
+    workgroupBarrier();  // the last score chunk's reads are done
+    buf[ridx(tx, ty)] = max(max(sc0, sc1), max(sc2, sc3));
     workgroupBarrier();
-    let m_new = red_max(ty, m);
+    var m_new = m;
+    for (var t = 0u; t < 16u; t++) {
+      m_new = max(m_new, buf[ridx(t, ty)]);
+    }
     let f = exp(m - m_new);
     m = m_new;
     let p0 = select(vec4<f32>(0.0), exp(sc0 - m), ok0);
@@ -250,86 +340,53 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let p3 = select(vec4<f32>(0.0), exp(sc3 - m), ok3);
     l = l * f + ((p0 + p1) + (p2 + p3));
     // ---- O = O·f + P·V ----
-    a00 *= f.x; a01 *= f.x; a02 *= f.x; a03 *= f.x;
-    a10 *= f.y; a11 *= f.y; a12 *= f.y; a13 *= f.y;
-    a20 *= f.z; a21 *= f.z; a22 *= f.z; a23 *= f.z;
-    a30 *= f.w; a31 *= f.w; a32 *= f.w; a33 *= f.w;
-    // Loader role: key lid / 64 of the chunk, dims 4·(lid % 64)..+3.
-    let vj = lid / 64u;
-    let vd = 4u * (lid % 64u);
-    for (var h = 0u; h < 2u; h++) {
-      let h0 = s0 + 32u * h;  // the half's first key
-      if (h0 >= key_end) {
-        break;
+    o = scale_out(o, f);
+    p_store(p0, p1, ty, tx);
+    store_v(rv, v_base(0u), vj0, vq);
+    workgroupBarrier();
+    let n_vc = (key_end - s0 + VC - 1u) / VC;
+    for (var vc = 0u; vc + 1u < n_vc; vc++) {
+      rv = load_v(s0 + (vc + 1u) * VC, key_end, begin, kvh, vj0, vq);
+      o = pv_chunk(o, vc, ty, tx);
+      store_v(rv, v_base(vc + 1u), vj0, vq);
+      if ((vc + 1u) * VC == 32u) {
+        workgroupBarrier();  // every invocation is done with the first half's p
+        p_store(p2, p3, ty, tx);
       }
-      // P row j (key h0 + j) holds quad c at j·16 + (c ^ ((j / 2) & 7)): the 8 invocations of a store
-      // wavefront (8 tx, one ty) write rows 2tx + e, so they hit 8 bank groups.
-      let pb = 32u * tx + swz(tx, ty);
-      buf[pb] = select(p0, p2, h == 1u);
-      buf[pb + 16u] = select(p1, p3, h == 1u);
       workgroupBarrier();
-      let n_vc = (min(key_end - h0, 32u) + VC - 1u) / VC;
-      var sv = h0 + vj;
-      var vb = key_base(sv, key_end, begin, kvh, true);
-      var pv = vec4<f32>(kv_at(vb, sv, vd, true), kv_at(vb, sv, vd + 1u, true), kv_at(vb, sv, vd + 2u, true),
-                         kv_at(vb, sv, vd + 3u, true));
-      for (var c = 0u; c < n_vc; c++) {
-        buf[KOFF + lid] = pv;
-        workgroupBarrier();
-        if (c + 1u < n_vc) {
-          sv += VC;
-          vb = key_base(sv, key_end, begin, kvh, true);
-          pv = vec4<f32>(kv_at(vb, sv, vd, true), kv_at(vb, sv, vd + 1u, true), kv_at(vb, sv, vd + 2u, true),
-                         kv_at(vb, sv, vd + 3u, true));
-        }
-        for (var jj = 0u; jj < VC; jj++) {
-          let j = c * VC + jj;
-          let pr = buf[j * 16u + swz(j / 2u, ty)];
-          let vq = KOFF + jj * 64u + tx;
-          let v0 = buf[vq];
-          let v1 = buf[vq + 16u];
-          let v2 = buf[vq + 32u];
-          let v3 = buf[vq + 48u];
-          a00 = fma(vec4<f32>(pr.x), v0, a00); a01 = fma(vec4<f32>(pr.x), v1, a01);
-          a02 = fma(vec4<f32>(pr.x), v2, a02); a03 = fma(vec4<f32>(pr.x), v3, a03);
-          a10 = fma(vec4<f32>(pr.y), v0, a10); a11 = fma(vec4<f32>(pr.y), v1, a11);
-          a12 = fma(vec4<f32>(pr.y), v2, a12); a13 = fma(vec4<f32>(pr.y), v3, a13);
-          a20 = fma(vec4<f32>(pr.z), v0, a20); a21 = fma(vec4<f32>(pr.z), v1, a21);
-          a22 = fma(vec4<f32>(pr.z), v2, a22); a23 = fma(vec4<f32>(pr.z), v3, a23);
-          a30 = fma(vec4<f32>(pr.w), v0, a30); a31 = fma(vec4<f32>(pr.w), v1, a31);
-          a32 = fma(vec4<f32>(pr.w), v2, a32); a33 = fma(vec4<f32>(pr.w), v3, a33);
-        }
-        workgroupBarrier();
-      }
     }
+    // The next tile's first score chunk (past the last tile: loads of its clamped last key, unused).
+    kb = k_bases(s0 + KT, min(n_keys, s0 + 2u * KT), begin, kvh, ty);
+    rqk = load_qk(qb, kb, tx);
+    o = pv_chunk(o, n_vc - 1u, ty, tx);
   }
-  // The rows' sums over all 16 invocations' keys (`red` is free: the last value chunk ended in a
-  // barrier, and a work item has at least one key tile).
-  buf[KOFF + tx * 16u + swz(tx, ty)] = l;
+  // The rows' sums over all 16 invocations' keys, in tx order.
+  workgroupBarrier();  // the last value chunk's reads are done
+  buf[ridx(tx, ty)] = l;
   workgroupBarrier();
   var sum = vec4<f32>(0.0);
   for (var t = 0u; t < 16u; t++) {
-    sum += buf[KOFF + t * 16u + swz(t, ty)];
+    sum += buf[ridx(t, ty)];
   }
   let sp = vec2<u32>(split, n_splits);
-  store_rows(0u, lim[0], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.x, sum.x), a00, a01, a02, a03);
-  store_rows(1u, lim[1], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.y, sum.y), a10, a11, a12, a13);
-  store_rows(2u, lim[2], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.z, sum.z), a20, a21, a22, a23);
-  store_rows(3u, lim[3], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.w, sum.w), a30, a31, a32, a33);
+  store_rows(0u, lim[0], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.x, sum.x), o.o0);
+  store_rows(1u, lim[1], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.y, sum.y), o.o1);
+  store_rows(2u, lim[2], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.z, sum.z), o.o2);
+  store_rows(3u, lim[3], ty, tx, hchunk, kvh, begin + tau0, sp, vec2<f32>(m.w, sum.w), o.o3);
 }
 
 // Row 4ty + i of the workgroup (lim = 0: invalid), dim quads tx + 16u, with its running max and sum
 // ml: normalised into out (the tile's split count sp.y = 1) or unnormalised into part as split sp.x,
 // with (m, l).
 fn store_rows(i: u32, lim: u32, ty: u32, tx: u32, hchunk: u32, kvh: u32, t0: u32, sp: vec2<u32>, ml: vec2<f32>,
-              o0: vec4<f32>, o1: vec4<f32>, o2: vec4<f32>, o3: vec4<f32>) {
+              ob4: Block4) {
   if (lim == 0u) {
     return;
   }
   let r = 4u * ty + i;
   let t = t0 + r / p.gw;
   let head = kvh * (p.h / p.hkv) + hchunk * p.gw + r % p.gw;
-  var o = array<vec4<f32>, 4>(o0, o1, o2, o3);
+  let o = array<vec4<f32>, 4>(ob4.r0, ob4.r1, ob4.r2, ob4.r3);
   if (sp.y == 1u) {
     let inv = 1.0 / ml.y;
     let ob = p.o_off + t * p.o_st0 + head * p.o_st1;

@@ -19,9 +19,10 @@
 // every invocation at the start), in phases that barriers keep apart:
 // - scores S[64 rows × 64 keys] = Q·Kᵀ in registers (4 rows × 4 keys per invocation, 16 FMAs per two
 //   16-byte shared loads), over hd in chunks of QK_DC dims staged k-major: Q [QK_DC][16 row quads],
-//   then K [QK_DC][16 key quads] (key quad c = keys c, c+16, c+32, c+48), quad index XOR-swizzled
-//   with the row (`sidx`), so that the 8 invocations of a store wavefront (8 consecutive dims of one
-//   quad) hit 8 bank groups; one stage, two barriers per chunk (on the H200 faster than two stages of
+//   then K [QK_DC][16 key quads] (key quad c = keys c, c+16, c+32, c+48), loaded by invocation
+//   (dim lid % QK_DC, quads lid / QK_DC + 8i) so that a warp's load is one 128-byte line of a row,
+//   quad index XOR-swizzled with the row (`sidx`), so that the 8 invocations of a store wavefront
+//   (8 consecutive dims of one quad) hit 8 bank groups; one stage, two barriers per chunk (on the H200 faster than two stages of
 //   16 dims with one barrier each, or chunks of 64 dims in 32 KiB: docs/backends.md); Q is re-staged
 //   per key tile (64 rows × hd does not fit).
 // - online softmax in FP32 per row: each invocation's max over its 4 keys goes to `red` [16 tx][16 row
@@ -74,7 +75,8 @@ const PREFIX: u32 = 0x80000000u;  // flag bit of a key or value row base: the ro
 const KT: u32 = 64u;      // keys per key tile
 const QK_DC: u32 = 32u;   // dims per score chunk (a multiple of 16)
 const VC: u32 = 4u;       // keys per value chunk (a multiple of 4 dividing 32)
-const QK_NQ: u32 = QK_DC / 16u;    // dims each invocation loads per score chunk (Q and K quads)
+const QK_QL: u32 = 256u / QK_DC;   // quads loaded per pass of the 256 loaders over a score chunk
+const QK_NQ: u32 = 16u / QK_QL;    // Q and K quads each invocation loads per score chunk
 const K_OFF: u32 = QK_DC * 16u;    // the K chunk, after the Q chunk
 const V_OFF: u32 = 32u * 16u;      // the value stages, after p
 const V_STAGE: u32 = VC * 64u;
@@ -137,26 +139,45 @@ fn k_bases(s0: u32, key_end: u32, begin: u32, kvh: u32, c: u32) -> vec4<u32> {
                    kv_base(s + 32u, key_end, begin, kvh, false), kv_base(s + 48u, key_end, begin, kvh, false));
 }
 
-// A loader's part of one score chunk: its Q row quad and K key quad at dims d + 16i (i < QK_NQ).
+// Row r of a workgroup (token tau0 + r / gw of the sequence at `begin`, head kvh·G + hchunk·gw + r % gw):
+// x, the keys it sees (s < x; 0: an invalid row) and y, its query row base (invalid rows: the tile's first row).
+fn query_row(r: u32, begin: u32, tau0: u32, count: u32, hchunk: u32, kvh: u32) -> vec2<u32> {
+  let g = p.h / p.hkv;
+  let hh = hchunk * p.gw + r % p.gw;
+  let ok = r / p.gw < count && hh < g;
+  return vec2<u32>(select(0u, p.ls + tau0 + r / p.gw + 1u, ok),
+                   p.q_off + (begin + tau0 + select(0u, r / p.gw, ok)) * p.q_st0 +
+                       (kvh * g + select(hchunk * p.gw, hh, ok)) * p.q_st1);
+}
+
+// A loader's part of one score chunk: dim d of its Q row quads and K key quads lq + QK_QL·i (i < QK_NQ).
 struct QkRegs {
   q: array<vec4<f32>, QK_NQ>,
   k: array<vec4<f32>, QK_NQ>,
 }
 
-fn load_qk(qb: vec4<u32>, kb: vec4<u32>, d: u32) -> QkRegs {
+fn load_qk(qb: array<vec4<u32>, QK_NQ>, kb: array<vec4<u32>, QK_NQ>, d: u32) -> QkRegs {
   var r: QkRegs;
   for (var i = 0u; i < QK_NQ; i++) {
-    let di = d + 16u * i;
-    r.q[i] = vec4<f32>(q_at(qb.x, di), q_at(qb.y, di), q_at(qb.z, di), q_at(qb.w, di));
-    r.k[i] = vec4<f32>(k_at(kb.x, di), k_at(kb.y, di), k_at(kb.z, di), k_at(kb.w, di));
+    r.q[i] = vec4<f32>(q_at(qb[i].x, d), q_at(qb[i].y, d), q_at(qb[i].z, d), q_at(qb[i].w, d));
+    r.k[i] = vec4<f32>(k_at(kb[i].x, d), k_at(kb[i].y, d), k_at(kb[i].z, d), k_at(kb[i].w, d));
   }
   return r;
 }
 
-// Stores them as rows dl + 16i, quad lq, of the Q and K chunks.
+// The key bases of a loader's key quads lq + QK_QL·i of the tile at s0.
+fn loader_k_bases(s0: u32, key_end: u32, begin: u32, kvh: u32, lq: u32) -> array<vec4<u32>, QK_NQ> {
+  var kb: array<vec4<u32>, QK_NQ>;
+  for (var i = 0u; i < QK_NQ; i++) {
+    kb[i] = k_bases(s0, key_end, begin, kvh, lq + QK_QL * i);
+  }
+  return kb;
+}
+
+// Stores them as row dl, quads lq + QK_QL·i, of the Q and K chunks.
 fn store_qk(r: QkRegs, dl: u32, lq: u32) {
   for (var i = 0u; i < QK_NQ; i++) {
-    let at = sidx(dl + 16u * i, lq);
+    let at = sidx(dl, lq + QK_QL * i);
     buf[at] = r.q[i];
     buf[K_OFF + at] = r.k[i];
   }
@@ -252,7 +273,6 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
   let hchunk = item % p.n_hchunks;
   let kvh = (item / p.n_hchunks) % p.hkv;
   let work = item / (p.n_hchunks * p.hkv);
-  let g = p.h / p.hkv;
   if (lid == 0u) {
     let w = p.work_base + 4u * work;
     let ti = 4u * tiles[w];
@@ -272,20 +292,22 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 
   // ty masked to 0..15 (a no-op for lid < 256) so that the shader compiler can prove the shared read
   // indices in the inner loops within `buf` and drop Dawn's robustness clamp from each of them; tx is
-  // bounded already. The loader roles below reuse them: dim dl = tx (+ 16i) of a score chunk, Q row
-  // quad and K key quad lq = ty.
+  // bounded already.
   let ty = (lid / 16u) & 15u;
   let tx = lid % 16u;
-  // Row ρ: token tau0 + ρ / gw, head kvh·G + hchunk·gw + ρ % gw.
   var lim: vec4<u32>;  // rows 4ty..4ty+3 see keys s < lim (0: an invalid row)
-  var qb: vec4<u32>;   // their query row bases (invalid rows: the tile's first row)
   for (var i = 0u; i < 4u; i++) {
-    let r = 4u * ty + i;
-    let hh = hchunk * p.gw + r % p.gw;
-    let ok = r / p.gw < count && hh < g;
-    lim[i] = select(0u, p.ls + tau0 + r / p.gw + 1u, ok);
-    qb[i] = p.q_off + (begin + tau0 + select(0u, r / p.gw, ok)) * p.q_st0 +
-            (kvh * g + select(hchunk * p.gw, hh, ok)) * p.q_st1;
+    lim[i] = query_row(4u * ty + i, begin, tau0, count, hchunk, kvh).x;
+  }
+  // Score chunk loader role: dim dl of Q row quads and K key quads lq + QK_QL·i, so that a warp's
+  // load reads QK_DC consecutive floats of one row (a whole 128-byte line at QK_DC = 32).
+  let dl = lid % QK_DC;
+  let lq = lid / QK_DC;
+  var qb: array<vec4<u32>, QK_NQ>;  // the loader's query row bases
+  for (var i = 0u; i < QK_NQ; i++) {
+    for (var j = 0u; j < 4u; j++) {
+      qb[i][j] = query_row(4u * (lq + QK_QL * i) + j, begin, tau0, count, hchunk, kvh).y;
+    }
   }
   // Value loader role: dim quad vq, keys vj0 + 4i of the chunk.
   let vq = lid % 64u;
@@ -296,21 +318,21 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
   var o = Out(zero_block4(), zero_block4(), zero_block4(), zero_block4());
 
   let n_dc = (p.hd + QK_DC - 1u) / QK_DC;
-  var kb = k_bases(kt0 * KT, min(n_keys, kt0 * KT + KT), begin, kvh, ty);
-  var rqk = load_qk(qb, kb, tx);
+  var kb = loader_k_bases(kt0 * KT, min(n_keys, kt0 * KT + KT), begin, kvh, lq);
+  var rqk = load_qk(qb, kb, dl);
   for (var kt = kt0; kt < kt1; kt++) {
     let s0 = kt * KT;
     let key_end = min(n_keys, s0 + KT);
     // ---- scores ---- (each loop's last chunk comes after it, behind the next phase's first loads)
     workgroupBarrier();  // the previous tile's (or the tile data's) last reads are done
-    store_qk(rqk, tx, ty);
+    store_qk(rqk, dl, lq);
     workgroupBarrier();
     var sc = Scores(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     for (var c = 0u; c + 1u < n_dc; c++) {
-      rqk = load_qk(qb, kb, (c + 1u) * QK_DC + tx);
+      rqk = load_qk(qb, kb, (c + 1u) * QK_DC + dl);
       sc = qk_chunk(sc, ty, tx);
       workgroupBarrier();
-      store_qk(rqk, tx, ty);
+      store_qk(rqk, dl, lq);
       workgroupBarrier();
     }
     var rv = load_v(s0, key_end, begin, kvh, vj0, vq);
@@ -356,8 +378,8 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
       workgroupBarrier();
     }
     // The next tile's first score chunk (past the last tile: loads of its clamped last key, unused).
-    kb = k_bases(s0 + KT, min(n_keys, s0 + 2u * KT), begin, kvh, ty);
-    rqk = load_qk(qb, kb, tx);
+    kb = loader_k_bases(s0 + KT, min(n_keys, s0 + 2u * KT), begin, kvh, lq);
+    rqk = load_qk(qb, kb, dl);
     o = pv_chunk(o, n_vc - 1u, ty, tx);
   }
   // The rows' sums over all 16 invocations' keys, in tx order.

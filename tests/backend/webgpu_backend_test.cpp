@@ -278,9 +278,8 @@ TEST(WebGpu, SplitWeightsMatchTheCpu) {
 // off every tile grid (n, m not multiples of 4, 16, 32, 64 or 128; k not a multiple of the 16- or
 // 128-deep k steps), with strided x/out views and a bias, against the CPU reference at the op tables'
 // FP32 reduction bound. Weights of at most 2,048 rows (outputs of under 264 tiles of 128 in a
-// 2,048-row pass) with k ≥ 1,024 have k split into pieces of at least 512 (matmul_split in ops.cpp;
-// several rows above are split too): the split_* rows run each entry point over pieces, a ragged
-// last piece included.
+// 2,048-row pass) with k ≥ 512 have k split into pieces (matmul_split in ops.cpp; several rows above
+// are split too): the split_* rows run each entry point over pieces, a ragged last piece included.
 struct MatmulEdge {
   const char* name;
   int64_t n, k, m;
@@ -307,10 +306,10 @@ const MatmulEdge kMatmulEdges[] = {
     {"big_strided", 2049, 37, 2053, false, 5, 3},    // x and out row-strided views
     {"big_exact", 2048, 48, 2304, true, 0, 0},       // exactly 16×18 tiles, k a multiple of 16
     {"big_tall", 4100, 260, 1030, false, 0, 0},      // 33×9 tiles, k across 17 steps with a ragged tail
-    {"split_rows", 5, 2600, 37, true, 3, 1},          // 5 pieces (528 × 4 + 488) folded by the few-row kernel
-    {"split_small", 300, 2100, 100, true, 3, 2},      // 4 pieces (528 × 3 + 516), 64×64 tiles, strided views
-    {"split_small_ragged", 20, 2600, 37, false, 0, 0},  // 5 pieces, one tile per piece
-    {"split_big", 1030, 2080, 2000, true, 1, 4},      // 4 pieces (528 × 3 + 496): 9×16×4 = 576 tiles of 128
+    {"split_rows", 5, 2600, 37, true, 3, 1},          // 10 pieces (272 × 9 + 152) folded by the few-row kernel
+    {"split_small", 300, 1100, 100, true, 3, 2},      // 4 pieces (288 × 3 + 236), 64×64 tiles, strided views
+    {"split_small_ragged", 20, 2600, 37, false, 0, 0},  // 10 pieces, one tile per piece
+    {"split_big", 1030, 1040, 2000, true, 1, 4},      // 4 pieces (272 × 3 + 224): 9×16×4 = 576 tiles of 128
 };
 
 class MatmulEdges : public ::testing::TestWithParam<size_t> {};
@@ -391,20 +390,20 @@ TEST(WebGpu, MatmulRowsDoNotDependOnThePassOrTheKernel) {
   EXPECT_LE(num / den, 1e-10) << "matmul over split pieces (128×128 and 64×64 kernels) vs the CPU reference";
 }
 
-// Split-K keeps the invariance: a weight of 2,000 × 2,100 has k cut into four pieces (528 × 3 + 516,
+// Split-K keeps the invariance: a weight of 2,000 × 1,100 has k cut into four pieces (288 × 3 + 236,
 // chosen from its shape), and a row must get the same bits from the 128×128 kernel (1,030 rows: 9 ×
 // 16 × 4 = 576 tiles of 128), the 64×64 kernel (130 rows: 128 tiles of 128), the few-row kernel that
-// folds the pieces itself (3 rows), and a backend whose 10 MiB binding limit splits the weight in two
-// (1,248 + 752 rows: col0 in the partial sums' reduction) and runs the 1,030 rows in chunks of 512
-// (the partial planes, 4 × 1,248 floats a row, do not fit one binding for all rows). The whole
-// product is also checked against the CPU.
+// folds the pieces itself (3 rows), and a backend whose 8 MiB binding limit splits the weight in two
+// (1,906 + 94 rows: col0 in the partial sums' reduction) and runs the 1,030 rows in chunks of 256 (the
+// partial planes, 4 × 1,906 floats a row, do not fit one binding for all rows). The whole product is
+// also checked against the CPU.
 TEST(WebGpu, MatmulSplitKRowsDoNotDependOnThePassOrTheKernel) {
   REQUIRE_WEBGPU(gpu);
-  const std::shared_ptr<Backend> limited = with_binding_limit(gpu, uint64_t{10} << 20);
+  const std::shared_ptr<Backend> limited = with_binding_limit(gpu, uint64_t{8} << 20);
   ASSERT_TRUE(limited);
   Backend& cpu = cpu_reference();
   std::vector<std::shared_ptr<Buffer>> keep;
-  const int64_t n = 1030, k = 2100, m = 2000;
+  const int64_t n = 1030, k = 1100, m = 2000;
   const std::vector<float> x = random_floats(n * k, 31);
   const std::vector<float> w = random_floats(m * k, 32, 0.05f);
   const std::vector<float> bias = random_floats(m, 33);
@@ -422,7 +421,7 @@ TEST(WebGpu, MatmulSplitKRowsDoNotDependOnThePassOrTheKernel) {
     EXPECT_EQ(std::vector<float>(all.begin(), all.begin() + rows * m), product(*gpu, rows))
         << "the first " << rows << " rows differ from the same rows of the " << n << "-row pass";
   }
-  EXPECT_EQ(all, product(*limited, n)) << "split weight and row chunks under a 10 MiB binding limit";
+  EXPECT_EQ(all, product(*limited, n)) << "split weight and row chunks under an 8 MiB binding limit";
   const std::vector<float> want = product(cpu, n);
   double num = 0, den = 0;
   for (size_t i = 0; i < want.size() && i < all.size(); ++i) {
@@ -460,7 +459,7 @@ Timing time_calls(Backend& gpu, const std::function<Status()>& run, int per_sync
 
 // The matmul at the 0.8B model's projections in Kev's passes: long's 2,187-token prefill (MLP gate+up,
 // GDN in_proj, MLP down, out_proj / o_proj), short's 250-token prefill and 222-row evaluation, and the
-// few-row kernel (8 rows of MLP down: k in 7 pieces that it folds itself). Three calls per
+// few-row kernel (8 rows of MLP down: k in 8 pieces that it folds itself). Three calls per
 // synchronisation. Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='WebGpu.DISABLED_MatmulTiming'
 TEST(WebGpu, DISABLED_MatmulTiming) {

@@ -35,14 +35,12 @@ constexpr uint64_t kMatmulRowsColumns = 16;  // output columns per `matmul_rows`
 // Split-K (matmul.wgsl): a weight whose output would have fewer than kMatmulMinLargeTiles 128×128
 // tiles in a pass of kMatmulSplitRows rows gets its k cut into pieces, enough for about
 // kMatmulSplitTiles tiles in such a pass (about four waves of an H200), each piece at least
-// kMatmulMinPieceK long: every piece costs a partial plane written by the product and read back by
-// the reduction (9 MB at 2,187 × 1,024), so the 0.8B's m = 1,024 projections get 7 pieces of 512 (MLP
-// down, k 3,584) and 4 (out_proj / o_proj, k 2,048) rather than 8 of 448 and 256. In the H200 sweep
-// (docs/backends.md) 5–10 pieces timed within 2 % of each other at 2,187 × 3,584 × 1,024 and 4, 5 and 8
-// at k 2,048 (2,187 and 250 rows).
+// kMatmulMinPieceK long. The 0.8B's m = 1,024 projections (k 3,584 and 2,048) get 8 pieces: the best
+// or within noise of the best of 1–10 pieces and either tiled kernel at 2,187, 250 and 222 rows on
+// the H200 (docs/backends.md).
 constexpr uint64_t kMatmulSplitRows = 2048;
 constexpr uint64_t kMatmulSplitTiles = 1024;
-constexpr uint64_t kMatmulMinPieceK = 512;
+constexpr uint64_t kMatmulMinPieceK = 256;
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 uint32_t u32(int64_t v) { return static_cast<uint32_t>(v); }

@@ -432,6 +432,39 @@ TEST(WebGpu, MatmulSplitKRowsDoNotDependOnThePassOrTheKernel) {
   EXPECT_LE(num / den, 1e-10) << "split-K matmul vs the CPU reference";
 }
 
+// More pieces than `matmul_reduce` loads at once (8): a 96 × 3,000 weight has k cut into 11 pieces
+// (288 × 10 + 120; its 16 tiles of 128 in a 2,048-row pass ask for 64, capped at k / 256), so the
+// reduction adds them in two batches; a row must still get the bits of the few-row kernel, which folds
+// the pieces itself, and the product must match the CPU.
+TEST(WebGpu, MatmulSplitKWithMorePiecesThanOneReductionBatch) {
+  REQUIRE_WEBGPU(gpu);
+  Backend& cpu = cpu_reference();
+  std::vector<std::shared_ptr<Buffer>> keep;
+  const int64_t n = 300, k = 3000, m = 96, few = 3;
+  const std::vector<float> x = random_floats(n * k, 41);
+  const std::vector<float> w = random_floats(m * k, 42, 0.05f);
+  const std::vector<float> bias = random_floats(m, 43);
+  auto product = [&](Backend& b, int64_t rows) {
+    const Tensor tx = put(b, keep, BufferUsage::Activations, DType::F32, {rows, k}, x.data());
+    const Tensor tw = put(b, keep, BufferUsage::Weights, DType::F32, {m, k}, w.data());
+    const Tensor tb = put(b, keep, BufferUsage::Weights, DType::F32, {m}, bias.data());
+    const Tensor y = put(b, keep, BufferUsage::Activations, DType::F32, {rows, m}, nullptr);
+    EXPECT_TRUE(b.matmul(tx, tw, tb, y).ok());
+    return get(b, y);
+  };
+  const std::vector<float> all = product(*gpu, n);
+  EXPECT_EQ(std::vector<float>(all.begin(), all.begin() + few * m), product(*gpu, few))
+      << "rows of the reduced " << n << "-row pass differ from the few-row kernel's";
+  const std::vector<float> want = product(cpu, n);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size() && i < all.size(); ++i) {
+    num += (double(all[i]) - want[i]) * (double(all[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  EXPECT_EQ(all.size(), want.size());
+  EXPECT_LE(num / den, 1e-10) << "split-K matmul in 11 pieces vs the CPU reference";
+}
+
 // Milliseconds per call of `run` on `gpu` (median over samples; the first call, which builds the
 // pipelines, is not timed): each sample records `per_sync` calls into one pass and synchronises, and
 // samples are taken until there are at least 3 and `min_seconds` have passed. Not a benchmark

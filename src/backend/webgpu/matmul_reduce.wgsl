@@ -5,7 +5,9 @@
 // Layout: partial planes P [S][n][m] contiguous from the start of their binding (scratch), bias [M] or
 // a dummy, out [n, M] (row stride o_st; the weight piece's columns start at col0).
 // Launch: one invocation per output element (consecutive invocations, consecutive columns), 256 per
-// workgroup, folded.
+// workgroup, folded. An invocation issues the loads of up to 8 pieces before adding them (past the last
+// piece it reloads the last one, unused), so it waits out about pieces / 8 memory latencies rather than
+// one per piece; the adds keep their order.
 
 struct Params {
   n: u32, m: u32, pieces: u32, o_off: u32,
@@ -26,8 +28,16 @@ fn matmul_reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     return;
   }
   var y = part[e];
-  for (var s = 1u; s < p.pieces; s++) {
-    y += part[s * plane + e];
+  for (var s0 = 1u; s0 < p.pieces; s0 += 8u) {
+    var v: array<f32, 8>;
+    for (var j = 0u; j < 8u; j++) {
+      v[j] = part[min(s0 + j, p.pieces - 1u) * plane + e];
+    }
+    for (var j = 0u; j < 8u; j++) {
+      if (s0 + j < p.pieces) {
+        y += v[j];
+      }
+    }
   }
   let c = e % p.m;
   if (p.has_bias != 0u) {

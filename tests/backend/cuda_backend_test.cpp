@@ -429,15 +429,7 @@ std::vector<float> run_matmul(Backend& b, int64_t n, int64_t k, int64_t m, const
   return testing::read_f32(b, ot.t);
 }
 
-double nmse(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    ref += double(want[i]) * want[i];
-  }
-  return err / ref;
-}
+using testing::nmse;
 
 TEST(CudaMatmul, HalfWeightsMatchWidenedReference) {
   KEV_CUDA_OR_SKIP(gpu, true);

@@ -22,5 +22,7 @@ DeviceTensor make_i32(Backend& b, std::initializer_list<int64_t> shape, const st
 std::vector<float> read_f32(Backend& b, const Tensor& t);
 // `count` values drawn from N(0, scale²) by a seeded generator (same seed, same values).
 std::vector<float> randn(size_t count, float scale, uint64_t seed);
+// Σ(got − want)² / Σ want², in double; a size mismatch fails the test.
+double nmse(const std::vector<float>& got, const std::vector<float>& want);
 
 }  // namespace kev::testing

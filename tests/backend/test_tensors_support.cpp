@@ -53,4 +53,14 @@ std::vector<float> randn(size_t count, float scale, uint64_t seed) {
   return v;
 }
 
+double nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    ref += double(want[i]) * want[i];
+  }
+  return err / ref;
+}
+
 }  // namespace kev::testing

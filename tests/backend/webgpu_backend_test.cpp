@@ -18,6 +18,7 @@
 #include <random>
 
 #include "backend/op_harness.h"
+#include "backend/test_tensors.h"
 #include "backend/webgpu/webgpu_backend.h"
 
 namespace kev::optest {
@@ -381,13 +382,20 @@ TEST(WebGpu, MatmulRowsDoNotDependOnThePassOrTheKernel) {
                             << " columns computed alone (64×64 kernel) differ from the 128×128 kernel's";
     }
   }
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  EXPECT_EQ(got.size(), want.size());
-  EXPECT_LE(num / den, 1e-10) << "matmul over split pieces (128×128 and 64×64 kernels) vs the CPU reference";
+  EXPECT_LE(kev::testing::nmse(got, want), 1e-10)
+      << "matmul over split pieces (128×128 and 64×64 kernels) vs the CPU reference";
+}
+
+// The first `rows` rows of x [·, k] times w [m, k] plus bias on `b`.
+std::vector<float> first_rows_times(Backend& b, const std::vector<float>& x, const std::vector<float>& w,
+                                    const std::vector<float>& bias, int64_t rows, int64_t k, int64_t m) {
+  std::vector<std::shared_ptr<Buffer>> keep;
+  const Tensor tx = put(b, keep, BufferUsage::Activations, DType::F32, {rows, k}, x.data());
+  const Tensor tw = put(b, keep, BufferUsage::Weights, DType::F32, {m, k}, w.data());
+  const Tensor tb = put(b, keep, BufferUsage::Weights, DType::F32, {m}, bias.data());
+  const Tensor y = put(b, keep, BufferUsage::Activations, DType::F32, {rows, m}, nullptr);
+  EXPECT_TRUE(b.matmul(tx, tw, tb, y).ok());
+  return get(b, y);
 }
 
 // Split-K keeps the invariance: a weight of 2,000 × 1,100 has k cut into four pieces (288 × 3 + 236,
@@ -402,20 +410,11 @@ TEST(WebGpu, MatmulSplitKRowsDoNotDependOnThePassOrTheKernel) {
   const std::shared_ptr<Backend> limited = with_binding_limit(gpu, uint64_t{8} << 20);
   ASSERT_TRUE(limited);
   Backend& cpu = cpu_reference();
-  std::vector<std::shared_ptr<Buffer>> keep;
   const int64_t n = 1030, k = 1100, m = 2000;
   const std::vector<float> x = random_floats(n * k, 31);
   const std::vector<float> w = random_floats(m * k, 32, 0.05f);
   const std::vector<float> bias = random_floats(m, 33);
-  // The first `rows` rows of x times w on `b`.
-  auto product = [&](Backend& b, int64_t rows) {
-    const Tensor tx = put(b, keep, BufferUsage::Activations, DType::F32, {rows, k}, x.data());
-    const Tensor tw = put(b, keep, BufferUsage::Weights, DType::F32, {m, k}, w.data());
-    const Tensor tb = put(b, keep, BufferUsage::Weights, DType::F32, {m}, bias.data());
-    const Tensor y = put(b, keep, BufferUsage::Activations, DType::F32, {rows, m}, nullptr);
-    EXPECT_TRUE(b.matmul(tx, tw, tb, y).ok());
-    return get(b, y);
-  };
+  auto product = [&](Backend& b, int64_t rows) { return first_rows_times(b, x, w, bias, rows, k, m); };
   const std::vector<float> all = product(*gpu, n);
   for (const int64_t rows : {130, 3}) {
     EXPECT_EQ(std::vector<float>(all.begin(), all.begin() + rows * m), product(*gpu, rows))
@@ -423,13 +422,7 @@ TEST(WebGpu, MatmulSplitKRowsDoNotDependOnThePassOrTheKernel) {
   }
   EXPECT_EQ(all, product(*limited, n)) << "split weight and row chunks under an 8 MiB binding limit";
   const std::vector<float> want = product(cpu, n);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size() && i < all.size(); ++i) {
-    num += (double(all[i]) - want[i]) * (double(all[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  EXPECT_EQ(all.size(), want.size());
-  EXPECT_LE(num / den, 1e-10) << "split-K matmul vs the CPU reference";
+  EXPECT_LE(kev::testing::nmse(all, want), 1e-10) << "split-K matmul vs the CPU reference";
 }
 
 // More pieces than `matmul_reduce` loads at once (8): a 96 × 3,000 weight has k cut into 11 pieces
@@ -439,30 +432,16 @@ TEST(WebGpu, MatmulSplitKRowsDoNotDependOnThePassOrTheKernel) {
 TEST(WebGpu, MatmulSplitKWithMorePiecesThanOneReductionBatch) {
   REQUIRE_WEBGPU(gpu);
   Backend& cpu = cpu_reference();
-  std::vector<std::shared_ptr<Buffer>> keep;
   const int64_t n = 300, k = 3000, m = 96, few = 3;
   const std::vector<float> x = random_floats(n * k, 41);
   const std::vector<float> w = random_floats(m * k, 42, 0.05f);
   const std::vector<float> bias = random_floats(m, 43);
-  auto product = [&](Backend& b, int64_t rows) {
-    const Tensor tx = put(b, keep, BufferUsage::Activations, DType::F32, {rows, k}, x.data());
-    const Tensor tw = put(b, keep, BufferUsage::Weights, DType::F32, {m, k}, w.data());
-    const Tensor tb = put(b, keep, BufferUsage::Weights, DType::F32, {m}, bias.data());
-    const Tensor y = put(b, keep, BufferUsage::Activations, DType::F32, {rows, m}, nullptr);
-    EXPECT_TRUE(b.matmul(tx, tw, tb, y).ok());
-    return get(b, y);
-  };
+  auto product = [&](Backend& b, int64_t rows) { return first_rows_times(b, x, w, bias, rows, k, m); };
   const std::vector<float> all = product(*gpu, n);
   EXPECT_EQ(std::vector<float>(all.begin(), all.begin() + few * m), product(*gpu, few))
       << "rows of the reduced " << n << "-row pass differ from the few-row kernel's";
   const std::vector<float> want = product(cpu, n);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size() && i < all.size(); ++i) {
-    num += (double(all[i]) - want[i]) * (double(all[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  EXPECT_EQ(all.size(), want.size());
-  EXPECT_LE(num / den, 1e-10) << "split-K matmul in 11 pieces vs the CPU reference";
+  EXPECT_LE(kev::testing::nmse(all, want), 1e-10) << "split-K matmul in 11 pieces vs the CPU reference";
 }
 
 // Milliseconds per call of `run` on `gpu` (median over samples; the first call, which builds the

@@ -22,9 +22,9 @@
 //   then K [QK_DC][16 key quads] (key quad c = keys c, c+16, c+32, c+48), loaded by invocation
 //   (dim lid % QK_DC, quads lid / QK_DC + 8i) so that a warp's load is one 128-byte line of a row,
 //   quad index XOR-swizzled with the row (`sidx`), so that the 8 invocations of a store wavefront
-//   (8 consecutive dims of one quad) hit 8 bank groups; one stage, two barriers per chunk (on the H200 faster than two stages of
-//   16 dims with one barrier each, or chunks of 64 dims in 32 KiB: docs/backends.md); Q is re-staged
-//   per key tile (64 rows × hd does not fit).
+//   (8 consecutive dims of one quad) hit 8 bank groups; one stage, two barriers per chunk (on the
+//   H200 faster than two stages of 16 dims with one barrier each, or chunks of 64 dims in 32 KiB:
+//   docs/backends.md); Q is re-staged per key tile (64 rows × hd does not fit).
 // - online softmax in FP32 per row: each invocation's max over its 4 keys goes to `red` [16 tx][16 row
 //   quads] and every invocation of a row reads all 16, so all hold the same running max m (registers)
 //   and rescale by exp(old m − new m); each keeps the running sum l of its own keys only, summed over

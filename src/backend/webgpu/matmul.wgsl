@@ -97,6 +97,11 @@ fn whole_k() -> Piece {
   return Piece(0u, p.k, p.o_off);
 }
 
+// The output's tiles of edge × edge (per k piece).
+fn tile_count(edge: u32) -> u32 {
+  return (p.n + edge - 1u) / edge * p.tiles_m;
+}
+
 // Rows r0..r0+3 of x at k = k_lo + l, zero past the piece. Rows past the edge read the last row (always in bounds)
 // unmasked: an output element depends only on its own x row and w column, and the outputs of rows
 // past the edge are never stored, so the four loads need no branches, vector indexing or selects.
@@ -231,7 +236,7 @@ fn matmul_tile(pc: Piece, tile: u32, lid: u32) {
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
   let tile = linear_group(wid, nwg);
-  if (tile >= (p.n + 127u) / 128u * p.tiles_m) {
+  if (tile >= tile_count(128u)) {
     return;
   }
   matmul_tile(whole_k(), tile, lid);
@@ -241,7 +246,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 fn matmul_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
   let lin = linear_group(wid, nwg);
-  let tiles = (p.n + 127u) / 128u * p.tiles_m;
+  let tiles = tile_count(128u);
   if (lin >= tiles * p.pieces) {
     return;
   }
@@ -293,7 +298,7 @@ fn matmul_small_tile(pc: Piece, tile: u32, lid: u32) {
 fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
   let tile = linear_group(wid, nwg);
-  if (tile >= (p.n + 63u) / 64u * p.tiles_m) {
+  if (tile >= tile_count(64u)) {
     return;
   }
   matmul_small_tile(whole_k(), tile, lid);
@@ -303,7 +308,7 @@ fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 fn matmul_small_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
   let lin = linear_group(wid, nwg);
-  let tiles = (p.n + 63u) / 64u * p.tiles_m;
+  let tiles = tile_count(64u);
   if (lin >= tiles * p.pieces) {
     return;
   }

@@ -1,6 +1,7 @@
 // Gated delta rule, chunked (WY/UT form), part 2 of 3: the state recurrence over a sequence's chunks,
 // the only sequential part. Per sequence and value head h the state S ∈ R^{dk×dv} starts from
-// state_in[h] (has_state_in) or 0; per chunk c, with Wᵀ, U, γ, dlast from gated_delta_net_prep.wgsl:
+// state_in[h] (has_state_in) or 0; per chunk c, with γ, dlast from gated_delta_net_prep.wgsl and Wᵀ, U
+// from gated_delta_net_wu.wgsl:
 //   Δ_c = U − W S_c;   S_{c+1} = γ_{cn−1} S_c + Σ_j dlast_j k_j Δ_jᵀ,
 // which is the token recurrence S ← α_t S + β_t k_t (v_t − α_t Sᵀk_t)ᵀ (KEV_SPEC §5.4) taken 64 tokens
 // at a time (a ragged last chunk is the spec's zero padding). Δ_c replaces U in the chunk's scratch
@@ -28,7 +29,11 @@
 // rows 0.27 against 0.22 and 35 × 64 rows 0.87 against 0.75 (more registers and barriers per
 // one-chunk workgroup). Also dropped (2026-12-01, one H200 run, 2,187 tokens against 0.83–0.89 ms):
 // four independent accumulator chains per invocation 0.96 ms, with 64 loads per batch 0.92, and
-// 16-column slices (128 workgroups, two quads per invocation, 20 KiB) 0.99. The walk is about a
+// 16-column slices (128 workgroups, two quads per invocation, 20 KiB) 0.99; and (2026-12-02, H200, two
+// rounds against main's binaries at 0.878 / 0.880) 4-column slices (512 workgroups, W S over four
+// 32-dim quarters, the update over two 32-token halves summed through workgroup memory, four barriers
+// per chunk, 9 KiB) 0.933 / 0.915 ms, and 0.950 / 0.926 against 0.756 / 0.767 for 35 × 64 rows (with
+// the tiled-product prep variant at 0.906 / 0.876 and 0.818 / 0.766). The walk is about a
 // third of the op at 2,187 tokens (0.28–0.35 ms, timed by swapping in a kernel that returns at once).
 // Workgroup memory: S[dk×8] (4 KiB), the two W S halves [2×64×8] (4 KiB), dlast·Δ [64×8] (2 KiB):
 // 10 KiB. FP32 throughout.

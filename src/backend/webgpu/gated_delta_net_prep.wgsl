@@ -7,38 +7,47 @@
 //   whole block sums + the head of i's block, partial sums of terms g <= 0 that only add;
 //   γ_i = exp(Σ_{t<=i} g_t);
 //   dlast_j = D_{cn−1,j};  L_ij = β_i (k_i·k_j) D_ij (j < i);  T = (I + L)⁻¹ (unit lower triangular);
-//   W = T diag(β⊙γ) K;  U = T diag(β) V;  P_ij = (q_i·k_j) D_ij (j <= i).
-// Part 2 (gated_delta_net.wgsl) then runs Δ = U − W S, S ← γ_{cn−1} S + Kᵀ diag(dlast) Δ chunk by chunk,
-// part 3 (gated_delta_net_out.wgsl) o = γ⊙(Q S) + P Δ for all chunks at once.
+//   P_ij = (q_i·k_j) D_ij (j <= i).
+// Part 1b (gated_delta_net_wu.wgsl) forms W = T diag(β⊙γ) K and U = T diag(β) V from T, part 2
+// (gated_delta_net.wgsl) runs Δ = U − W S, S ← γ_{cn−1} S + Kᵀ diag(dlast) Δ chunk by chunk, part 3
+// (gated_delta_net_out.wgsl) o = γ⊙(Q S) + P Δ for all chunks at once.
 //
-// Layout: q, k [n,Hk,dk], v [n,Hv,dv], g, beta [n,Hv] (outer strides free); table (u32): chunk ci at
+// Layout: q, k [n,Hk,dk], g, beta [n,Hv] (outer strides free); table (u32): chunk ci at
 // chunk_base + 3·ci holds (t0, cn, S nonzero); scratch region of (ci, h) at (ci·Hv + h)·region, P and W
 // transposed so that a warp of parts 2 and 3 reads consecutive rows i (one cache line):
 //   Pᵀ [C×C] (Pᵀ[j·C + i]) | Wᵀ [dk×C] (Wᵀ[d·C + i]) | U [C×dv] (row-major) | γ [C] | dlast [C] |
-//   S [dk×dv] (the chunk's starting state, written by part 2);
-// rows i >= cn are zero.
+//   S slot [max(dk·dv, C·C)]: Tᵀ [C×C] (Tᵀ[j·C + i]) from here to part 1b, then the chunk's starting
+//   state [dk×dv], written by part 2;
+// rows i >= cn of P are zero, those of T the identity's.
 // Launch: one workgroup of 256 invocations per (chunk, value head): n_chunks·Hv workgroups (folded).
 //   1. k·k and q·k: invocation (q4, tj) = (lid/16, lid%16) owns rows i = 4·q4 .. +3 and columns
 //      j = tj + 16b (b < 4), accumulated in vec4 registers over dk in slabs of 16 dims staged
 //      dim-major in workgroup memory: 6 loads (2 of them vec4) per 32 FMAs; invocations whose rows
 //      lie wholly past a short chunk's cn skip the products. The next slab's global loads are
-//      issued before the current slab's FMAs (as in step 3; on the H200 this measured the same as
-//      loading each slab after the previous one's barrier: 0.87 ms per 2,187-token call either way).
+//      issued before the current slab's FMAs (on the H200 this measured the same as loading each
+//      slab after the previous one's barrier: 0.87 ms per 2,187-token call either way).
 //   2. T in place of L, by blocks of 16: the four diagonal blocks inverted at once (64 invocations,
-//      one column each, 16 steps), then block rows I = 1..3: T_IJ = −T_II Σ_{K=J..I−1} L_IK T_KJ,
-//      4 rows × 1 column per invocation.
-//   3. W and U: [K | V] in slabs of 16 columns through workgroup memory, the next slab's global
-//      loads issued before the current slab's FMAs; invocation owns 4 rows of one 16-row block and one
-//      column, so its loop stops at the end of its block (and at cn); vec4 reads of T's columns and
-//      the slab's: 5 loads per 16 FMAs.
+//      one column each, 16 steps in registers, written back after a barrier), then block rows
+//      I = 1..3: T_IJ = −T_II Σ_{K=J..I−1} L_IK T_KJ, 4 rows × 1 column per invocation, each of the
+//      two products read into registers and written back in place after a barrier.
+//   3. Tᵀ to scratch, zeros above the diagonal included, a quad of rows per write.
 // Workgroup memory (vec4 words, only ever written whole: WGSL lets a write to one component access
 // the whole vector, so invocations writing neighbouring floats would race; matrices are stored
 // column-major so that one invocation writes 4 consecutive rows): T's 10 lower 16×16 blocks
-// (10 KiB, first holding the k/q slabs) + a 4.25 KiB slab + g, β, γ and the block partial sums of
-// g: 15.5 KiB. The kernel's time follows this size more than its FMA count (presumably through how
-// many workgroups share a multiprocessor): declared at 26 KiB, nothing else changed, the op took 1.18
-// against 0.83–0.89 ms per 2,187-token call (H200, 2026-12-01), and W and U as 4×4 register blocks
-// over 64-column slabs (2 loads per 16 FMAs instead of 5, 26 KiB) 1.07–1.13 ms. FP32 throughout.
+// (10 KiB, first holding the k/q slabs) + g, β and the block partial sums of g: 11 KiB. The
+// kernel's time follows this size more than its FMA count (presumably through how many workgroups
+// share a multiprocessor): declared at 26 KiB, nothing else changed, the op took 1.18 against
+// 0.83–0.89 ms per 2,187-token call (H200, 2026-12-01). Until 2026-12-02 this kernel also formed W
+// and U (16 slabs of 16 [K | V] columns through a 4.25 KiB slab, 5 loads per 16 FMAs) and solved the
+// inversion through a 4 KiB side area (15.5 KiB); as 4×4 register blocks over 64-column slabs (2
+// loads per 16 FMAs, 26 KiB) W and U had made it slower (1.07–1.13 ms). H200, `DISABLED_GdnTiming`
+// medians, 2026-12-02, alternating with main's binaries: W and U in part 1b, 2,187 tokens 0.878 /
+// 0.880 → 0.800 / 0.826 ms (first round), then 0.851 / 0.861 / 0.822 (main) against 0.850 / 0.827 /
+// 0.830 with part 1b and 0.817 / 0.783 / 0.793 with part 1b and the in-place inversion (second
+// round; minima 0.77 / 0.75 / 0.72). Dropped in the first round: k·k and q·k as part 3's tiled
+// product (4×4 register blocks, double-buffered [16][64] tiles, 17 KiB), two workgroups per (chunk,
+// head), the k·k one inverting: 0.906 / 0.876 against 0.800 / 0.826 ms, 35 × 64 rows 0.818 / 0.766
+// against 0.700 / 0.741. FP32 throughout.
 
 struct Params {
   hk: u32, hv: u32, dk: u32, dv: u32,
@@ -51,29 +60,24 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> q: array<f32>;
 @group(0) @binding(2) var<storage, read_write> k: array<f32>;
-@group(0) @binding(3) var<storage, read_write> v: array<f32>;
-@group(0) @binding(4) var<storage, read_write> g: array<f32>;
-@group(0) @binding(5) var<storage, read_write> beta: array<f32>;
-@group(0) @binding(6) var<storage, read_write> table: array<u32>;
-@group(0) @binding(7) var<storage, read_write> scratch: array<f32>;
+@group(0) @binding(3) var<storage, read_write> g: array<f32>;
+@group(0) @binding(4) var<storage, read_write> beta: array<f32>;
+@group(0) @binding(5) var<storage, read_write> table: array<u32>;
+@group(0) @binding(6) var<storage, read_write> scratch: array<f32>;
 
 const C: u32 = 64u;
 const SLAB: u32 = 16u;
-const ST: u32 = 68u;        // stride of the dim-major k/q slabs and of the transposed column slab
+const ST: u32 = 68u;        // stride of the dim-major k/q slabs
 const Q_AT: u32 = 1088u;    // the q slab after the k slab (16·ST floats)
-const XS_AT: u32 = 2560u;   // the column slab (and the diagonal inverses) after T's 10 blocks
 
 var<workgroup> gs: array<f32, 64>;
 var<workgroup> bs: array<f32, 64>;
-var<workgroup> gam: array<f32, 64>;
 var<workgroup> head: array<f32, 64>;   // Σ g_t from i's 16-block start to i (inclusive)
 var<workgroup> tail: array<f32, 64>;   // Σ g_t from j + 1 to the end of j's 16-block
 var<workgroup> whole: array<f32, 4>;   // Σ g_t over 16-block m
 // Float offsets below. Step 1: k slab (token t, dim dd) at dd·ST + t, q slab at Q_AT + dd·ST + t.
-// Steps 2-3: T's lower blocks (I, J), J <= I, at blk(I, J), element (r, c) at c·16 + r; then at
-// XS_AT the diagonal inverses and the block-row sums (same layout, 256 floats each) and finally the
-// [K | V] column slab, column c's 64 rows at XS_AT + c·ST.
-var<workgroup> wsm: array<vec4<f32>, 912>;
+// Steps 2-3: T's lower blocks (I, J), J <= I, at blk(I, J), element (r, c) at c·16 + r.
+var<workgroup> wsm: array<vec4<f32>, 640>;
 
 fn ld(e: u32) -> f32 {
   return wsm[e >> 2u][e & 3u];
@@ -150,21 +154,6 @@ fn kq_rows(from_k: bool, at: u32, t0: u32, cn: u32, t: u32, d: u32) -> vec4<f32>
   return x;
 }
 
-// Column col of [diag(β⊙γ) K | diag(β) V] at the chunk's rows j .. j + 3, zero past cn.
-fn kv_rows(kb: u32, vb: u32, t0: u32, cn: u32, j: u32, col: u32) -> vec4<f32> {
-  var x = vec4<f32>(0.0);
-  for (var m = 0u; m < 4u; m++) {
-    if (j + m < cn) {
-      if (col < p.dk) {
-        x[m] = bs[j + m] * gam[j + m] * k[kb + (t0 + j + m) * p.k_st0 + col];
-      } else if (col < p.dk + p.dv) {
-        x[m] = bs[j + m] * v[vb + (t0 + j + m) * p.v_st0 + col - p.dk];
-      }
-    }
-  }
-  return x;
-}
-
 @compute @workgroup_size(256)
 fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -179,13 +168,11 @@ fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   let cn = table[p.chunk_base + 3u * ci + 1u];
   let base = item * p.region;
   let p_at = base;
-  let w_at = base + C * C;
-  let u_at = w_at + C * p.dk;
-  let gam_at = u_at + C * p.dv;
+  let gam_at = base + C * C + C * (p.dk + p.dv);
   let dl_at = gam_at + C;
+  let t_at = dl_at + C;
   let qb = p.q_off + kh * p.q_st1;
   let kb = p.k_off + kh * p.k_st1;
-  let vb = p.v_off + h * p.v_st1;
 
   if (lid < C) {
     var gv = 0.0;
@@ -229,7 +216,6 @@ fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
       gm = exp(s);
       dl = exp(decay_sum(lid, cn - 1u));
     }
-    gam[lid] = gm;
     scratch[gam_at + lid] = gm;
     scratch[dl_at + lid] = dl;
   }
@@ -281,44 +267,40 @@ fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
   store_pairs(q4, tj + 48u, cn, p_at, kk3, qk3);
   workgroupBarrier();
 
-  // 2a. The diagonal blocks: invocation (bb, c) solves column c of (I + L_bb)⁻¹ top-down into the
-  // slab area, 4 rows per write; it reads back only values it computed itself (zero above the
-  // diagonal).
+  // 2a. The diagonal blocks: invocation (bb, c) solves column c of (I + L_bb)⁻¹ top-down in
+  // registers (x_r = δ_rc − Σ_{j<r} L_rj x_j, zero for r < c), then, once every invocation has read
+  // L_bb, writes it in place.
+  let bb = lid / 16u;
+  let c = lid % 16u;
+  let lb = blk(bb, bb);
+  var x: array<f32, 16>;
   if (lid < C) {
-    let bb = lid / 16u;
-    let c = lid % 16u;
-    let lb = blk(bb, bb);
-    let xb = XS_AT + bb * 256u + c * 16u;
-    for (var r4 = 0u; r4 < 16u; r4 += 4u) {
-      var xv = vec4<f32>(0.0);
-      for (var m = 0u; m < 4u; m++) {
-        let r = r4 + m;
-        var x = select(0.0, 1.0, r == c);
-        for (var j = c; j < min(r, r4); j++) {
-          x = fma(-ld(lb + j * 16u + r), ld(xb + j), x);
-        }
-        for (var j = max(c, r4); j < r; j++) {
-          x = fma(-ld(lb + j * 16u + r), xv[j - r4], x);
-        }
-        xv[m] = x;
+    for (var r = 0u; r < 16u; r++) {
+      var s = select(0.0, 1.0, r == c);
+      for (var j = 0u; j < r; j++) {
+        s = fma(-ld(lb + j * 16u + r), x[j], s);
       }
-      st4(xb + r4, xv);
+      x[r] = s;
     }
   }
   workgroupBarrier();
-  for (var e = lid; e < 4u * 64u; e += 256u) {
-    st4(blk(e / 64u, e / 64u) + 4u * (e % 64u), ld4(XS_AT + 4u * e));
+  if (lid < C) {
+    st4(lb + c * 16u, vec4<f32>(x[0], x[1], x[2], x[3]));
+    st4(lb + c * 16u + 4u, vec4<f32>(x[4], x[5], x[6], x[7]));
+    st4(lb + c * 16u + 8u, vec4<f32>(x[8], x[9], x[10], x[11]));
+    st4(lb + c * 16u + 12u, vec4<f32>(x[12], x[13], x[14], x[15]));
   }
   workgroupBarrier();
-  // 2b. Block row bi (L_bi· is read here for the last time, so T_bi· replaces it): invocation
-  // (bj, c, r4) = (lid / 64, lid % 16, 4·(lid % 64 / 16)) owns rows r4 .. r4 + 3 of column c of
-  // block (bi, bj).
+  // 2b. Block row bi (L_bi· is read here for the last time, so T_bi· replaces it, in place: each
+  // product is read into registers and written back after a barrier): invocation (bj, c, r4) =
+  // (lid / 64, lid % 16, 4·(lid % 64 / 16)) owns rows r4 .. r4 + 3 of column c of block (bi, bj).
   let c2 = lid % 16u;
   let r2 = 4u * ((lid % 64u) / 16u);
   let bj2 = lid / 64u;
   for (var bi = 1u; bi < 4u; bi++) {
+    let mine = blk(bi, bj2) + c2 * 16u;
+    var acc = vec4<f32>(0.0);
     if (bj2 < bi) {
-      var acc = vec4<f32>(0.0);
       for (var bk = bj2; bk < bi; bk++) {
         let la = blk(bi, bk) + r2;
         let ta = blk(bk, bj2) + c2 * 16u;
@@ -326,63 +308,39 @@ fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
           acc = fma(ld4(la + m * 16u), vec4<f32>(ld(ta + m)), acc);
         }
       }
-      st4(XS_AT + bj2 * 256u + c2 * 16u + r2, acc);
     }
     workgroupBarrier();
     if (bj2 < bi) {
+      st4(mine + r2, acc);
+    }
+    workgroupBarrier();
+    var t = vec4<f32>(0.0);
+    if (bj2 < bi) {
       let da = blk(bi, bi) + r2;
-      let xa = XS_AT + bj2 * 256u + c2 * 16u;
-      var t = vec4<f32>(0.0);
       for (var m = 0u; m < 16u; m++) {
-        t = fma(ld4(da + m * 16u), vec4<f32>(ld(xa + m)), t);
+        t = fma(ld4(da + m * 16u), vec4<f32>(ld(mine + m)), t);
       }
-      st4(blk(bi, bj2) + c2 * 16u + r2, -t);
+    }
+    workgroupBarrier();
+    if (bj2 < bi) {
+      st4(mine + r2, -t);
     }
     workgroupBarrier();
   }
 
-  // 3. W = T diag(β⊙γ) K and U = T diag(β) V, 16 columns of [K | V] at a time; invocation owns rows
-  // 16·bi + rr .. +3 and column c of the slab.
-  let c = lid % 16u;
-  let bi = q4 / 4u;
-  let rr = (q4 % 4u) * 4u;
-  // Rows of a block wholly past cn are zero: T is the identity there and the slab's rows are zero.
-  let jmax = select(min(cn, 16u * (bi + 1u)), 0u, 16u * bi >= cn);
-  let n_cols = p.dk + p.dv;
-  // Slab loads one slab ahead, as in step 1: invocation lid holds rows t_ld .. +3 of column d_ld.
-  var xv = kv_rows(kb, vb, t0, cn, t_ld, d_ld);
-  for (var col0 = 0u; col0 < n_cols; col0 += SLAB) {
-    st4(XS_AT + d_ld * ST + t_ld, xv);
-    workgroupBarrier();
-    if (col0 + SLAB < n_cols) {
-      xv = kv_rows(kb, vb, t0, cn, t_ld, col0 + SLAB + d_ld);
+  // 3. Tᵀ (row j: T's column j, zero above the diagonal) for gated_delta_net_wu.wgsl, a quad of 4
+  // consecutive rows i per write.
+  for (var e = lid; e < C * C / 4u; e += 256u) {
+    let j = e / 16u;
+    let i = 4u * (e % 16u);
+    var tv = vec4<f32>(0.0);
+    if (j / 16u <= i / 16u) {
+      tv = ld4(blk(i / 16u, j / 16u) + (j % 16u) * 16u + i % 16u);
     }
-    // Four j at a time; reading up to 3 j past jmax adds zeros (the slab is zero from cn on, T is
-    // zero above the diagonal).
-    var acc = vec4<f32>(0.0);
-    for (var bj = 0u; 16u * bj < jmax; bj++) {
-      let ta = blk(bi, bj) + rr;
-      let xa = XS_AT + c * ST + 16u * bj;
-      let jn = min(16u, jmax - 16u * bj);
-      for (var j = 0u; j < jn; j += 4u) {
-        let x = ld4(xa + j);
-        acc = fma(ld4(ta + j * 16u), vec4<f32>(x.x), acc);
-        acc = fma(ld4(ta + (j + 1u) * 16u), vec4<f32>(x.y), acc);
-        acc = fma(ld4(ta + (j + 2u) * 16u), vec4<f32>(x.z), acc);
-        acc = fma(ld4(ta + (j + 3u) * 16u), vec4<f32>(x.w), acc);
-      }
-    }
-    let col = col0 + c;
-    let i = 16u * bi + rr;
-    if (col < p.dk) {
-      for (var m = 0u; m < 4u; m++) {
-        scratch[w_at + col * C + i + m] = acc[m];
-      }
-    } else if (col < n_cols) {
-      for (var m = 0u; m < 4u; m++) {
-        scratch[u_at + (i + m) * p.dv + col - p.dk] = acc[m];
-      }
-    }
-    workgroupBarrier();
+    let at = t_at + j * C + i;
+    scratch[at] = tv.x;
+    scratch[at + 1u] = tv.y;
+    scratch[at + 2u] = tv.z;
+    scratch[at + 3u] = tv.w;
   }
 }

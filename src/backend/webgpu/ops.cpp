@@ -19,6 +19,7 @@ constexpr uint64_t kGroup = 256;  // invocations per workgroup of the element-wi
 constexpr uint32_t kChunk = 64;   // GDN chunk length (gated_delta_net*.wgsl)
 constexpr uint32_t kRecurSlice = 8;  // GDN state columns per recurrence workgroup (gated_delta_net.wgsl)
 constexpr uint32_t kOutSlice = 64;   // GDN output columns per workgroup (gated_delta_net_out.wgsl)
+constexpr uint32_t kWuSlice = 64;    // GDN [K | V] columns per W/U workgroup (gated_delta_net_wu.wgsl)
 constexpr int64_t kAttnRows = 64;  // query rows (tokens × heads of a KV group) per attention workgroup
 constexpr int64_t kAttnKeys = 64;  // keys per attention key tile (attention.wgsl)
 // Key splits (flash-decoding): a pass's key tiles spread over at least about two workgroups per
@@ -69,7 +70,8 @@ const KernelSpec kRope{"rope", "rope", 3};
 const KernelSpec kAttention{"attention", "attention", 8};
 const KernelSpec kAttentionCombine{"attention", "attention_combine", 8};
 const KernelSpec kPointer{"pointer_head", "pointer_logits", 4};
-const KernelSpec kGdnPrep{"gated_delta_net_prep", "prep", 7};
+const KernelSpec kGdnPrep{"gated_delta_net_prep", "prep", 6};
+const KernelSpec kGdnWu{"gated_delta_net_wu", "wu", 5};
 const KernelSpec kGdnRecur{"gated_delta_net", "recur", 5};
 const KernelSpec kGdnOut{"gated_delta_net_out", "output", 4};
 
@@ -863,11 +865,12 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
 
   // Sequences go in groups whose chunk matrices fit one scratch binding (usually all at once):
   // Pᵀ [C×C], Wᵀ [dk×C], U (then Δ) [C×dv], γ and dlast [C] and the starting state [dk×dv] per chunk
-  // and value head. A sequence with more chunks than one binding holds runs alone in segments of
-  // max_chunks chunks, each continuing from the state the previous one left (two state buffers used
-  // in turn, as a binding may not be written while another binding of the dispatch reads it).
-  const uint64_t region =
-      uint64_t(kChunk) * kChunk + uint64_t(kChunk) * (dk + dv) + 2ull * kChunk + uint64_t(dk) * dv;
+  // and value head, the state's slot holding T [C×C] from prep to the W/U kernel first. A sequence
+  // with more chunks than one binding holds runs alone in segments of max_chunks chunks, each
+  // continuing from the state the previous one left (two state buffers used in turn, as a binding may
+  // not be written while another binding of the dispatch reads it).
+  const uint64_t region = uint64_t(kChunk) * kChunk + uint64_t(kChunk) * (dk + dv) + 2ull * kChunk +
+                          std::max(uint64_t(dk) * dv, uint64_t(kChunk) * kChunk);
   const uint64_t region_bytes = region * sizeof(float) * static_cast<uint64_t>(Hv);
   const uint64_t max_chunks = limits_.max_binding / region_bytes;
   KEV_CHECK(max_chunks > 0, ErrorCode::Unsupported, kOp, ": one 64-token chunk needs ", region_bytes,
@@ -953,7 +956,7 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
       n_chunks += static_cast<uint64_t>(n);
     }
   };
-  // The group's three dispatches.
+  // The group's four dispatches.
   auto run_group = [&](const Group& g, const Bound& s_in, bool has_in, const Bound& s_out, bool has_out) -> Status {
     const std::vector<uint32_t>& seqs = g.seqs;
     const uint64_t n_chunks = g.n_chunks;
@@ -962,8 +965,10 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
     KEV_ASSIGN_OR_RETURN(Binding bt, device_->stage(table.data(), table.size() * sizeof(uint32_t)));
     pp.n_chunks = u32(n_chunks);
     pp.chunk_base = u32(seqs.size());
-    KEV_TRY(dispatch(kOp, kGdnPrep, &pp, sizeof pp, {bq.b, bk.b, bv.b, bg.b, bbeta.b, bt, scratch},
+    KEV_TRY(dispatch(kOp, kGdnPrep, &pp, sizeof pp, {bq.b, bk.b, bg.b, bbeta.b, bt, scratch},
                      n_chunks * static_cast<uint64_t>(Hv)));
+    KEV_TRY(dispatch(kOp, kGdnWu, &pp, sizeof pp, {bk.b, bv.b, bbeta.b, bt, scratch},
+                     ceil_div(static_cast<uint64_t>(dk + dv), kWuSlice) * static_cast<uint64_t>(Hv) * n_chunks));
     rp.n_seqs = u32(seqs.size() / 4);
     rp.si_off = s_in.off;
     rp.so_off = s_out.off;

@@ -274,13 +274,15 @@ TEST(WebGpu, SplitWeightsMatchTheCpu) {
 }
 
 // ---- matmul edges ---------------------------------------------------------------------------------
-// The matmul dispatch picks matmul.wgsl's few-row entry point for n ≤ 8, a 128×128-tile one for
-// outputs of at least 264 such tiles and its 64×64-tile one below (ops.cpp); each is checked at shapes
+// The matmul dispatch picks matmul.wgsl's few-row entry point for n ≤ 8, its 64×128-tile split-K one
+// where k is split, else a 128×128-tile one for outputs of at least 264 such tiles and its 64×64-tile
+// one below (ops.cpp); each is checked at shapes
 // off every tile grid (n, m not multiples of 4, 16, 32, 64 or 128; k not a multiple of the 16- or
 // 128-deep k steps), with strided x/out views and a bias, against the CPU reference at the op tables'
 // FP32 reduction bound. Weights of at most 2,048 rows (outputs of under 264 tiles of 128 in a
 // 2,048-row pass) with k ≥ 512 have k split into pieces (matmul_split in ops.cpp; several rows above
-// are split too): the split_* rows run each entry point over pieces, a ragged last piece included.
+// are split too): the split_* rows run the few-row and the split-K entry points over pieces, a ragged
+// last piece included.
 struct MatmulEdge {
   const char* name;
   int64_t n, k, m;
@@ -308,9 +310,9 @@ const MatmulEdge kMatmulEdges[] = {
     {"big_exact", 2048, 48, 2304, true, 0, 0},       // exactly 16×18 tiles, k a multiple of 16
     {"big_tall", 4100, 260, 1030, false, 0, 0},      // 33×9 tiles, k across 17 steps with a ragged tail
     {"split_rows", 5, 2600, 37, true, 3, 1},          // 10 pieces (272 × 9 + 152) folded by the few-row kernel
-    {"split_small", 300, 1100, 100, true, 3, 2},      // 4 pieces (288 × 3 + 236), 64×64 tiles, strided views
+    {"split_small", 300, 1100, 100, true, 3, 2},      // 4 pieces (288 × 3 + 236), 5 tiles of 64×128, strided views
     {"split_small_ragged", 20, 2600, 37, false, 0, 0},  // 10 pieces, one tile per piece
-    {"split_big", 1030, 1040, 2000, true, 1, 4},      // 4 pieces (272 × 3 + 224): 9×16×4 = 576 tiles of 128
+    {"split_big", 1030, 1040, 2000, true, 1, 4},      // 4 pieces (272 × 3 + 224): 17×16×4 = 1,088 tiles
 };
 
 class MatmulEdges : public ::testing::TestWithParam<size_t> {};
@@ -399,12 +401,12 @@ std::vector<float> first_rows_times(Backend& b, const std::vector<float>& x, con
 }
 
 // Split-K keeps the invariance: a weight of 2,000 × 1,100 has k cut into four pieces (288 × 3 + 236,
-// chosen from its shape), and a row must get the same bits from the 128×128 kernel (1,030 rows: 9 ×
-// 16 × 4 = 576 tiles of 128), the 64×64 kernel (130 rows: 128 tiles of 128), the few-row kernel that
-// folds the pieces itself (3 rows), and a backend whose 8 MiB binding limit splits the weight in two
-// (1,906 + 94 rows: col0 in the partial sums' reduction) and runs the 1,030 rows in chunks of 256 (the
-// partial planes, 4 × 1,906 floats a row, do not fit one binding for all rows). The whole product is
-// also checked against the CPU.
+// chosen from its shape), and a row must get the same bits from the split-K kernel in a pass of 1,030
+// rows (17 × 16 × 4 = 1,088 tiles of 64×128) and of 130 rows (3 × 16 × 4), from the few-row kernel
+// that folds the pieces itself (3 rows), and from a backend whose 8 MiB binding limit splits the weight
+// in two (1,906 + 94 rows: col0 in the partial sums' reduction) and runs the 1,030 rows in chunks of
+// 256 (the partial planes, 4 × 1,920 floats a row in tiles of 128 columns, do not fit one binding for
+// all rows). The whole product is also checked against the CPU.
 TEST(WebGpu, MatmulSplitKRowsDoNotDependOnThePassOrTheKernel) {
   REQUIRE_WEBGPU(gpu);
   const std::shared_ptr<Backend> limited = with_binding_limit(gpu, uint64_t{8} << 20);
@@ -470,16 +472,16 @@ Timing time_calls(Backend& gpu, const std::function<Status()>& run, int per_sync
 }
 
 // The matmul at the 0.8B model's projections in Kev's passes: long's 2,187-token prefill (MLP gate+up,
-// GDN in_proj, MLP down, out_proj / o_proj), short's 250-token prefill and 222-row evaluation, and the
-// few-row kernel (8 rows of MLP down: k in 8 pieces that it folds itself). Three calls per
-// synchronisation. Run with
+// GDN in_proj, MLP down, out_proj / o_proj), short's 250-token prefill and 222-row evaluation, the
+// few-row kernel (8 rows of MLP down: k in 8 pieces that it folds itself), and 4096³ (the benchmark's
+// ceiling shape). Three calls per synchronisation. Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='WebGpu.DISABLED_MatmulTiming'
 TEST(WebGpu, DISABLED_MatmulTiming) {
   REQUIRE_WEBGPU(gpu);
   std::vector<std::shared_ptr<Buffer>> keep;
   const int64_t shapes[][3] = {{2187, 1024, 7168}, {2187, 1024, 8224}, {2187, 3584, 1024}, {2187, 2048, 1024},
                                {250, 1024, 7168},  {250, 3584, 1024},  {250, 2048, 1024},  {222, 3584, 1024},
-                               {1, 1024, 3584},    {8, 3584, 1024}};
+                               {1, 1024, 3584},    {8, 3584, 1024},    {4096, 4096, 4096}};
   for (const auto& s : shapes) {
     const int64_t n = s[0], k = s[1], m = s[2];
     const std::vector<float> x = random_floats(n * k, 21), w = random_floats(m * k, 22, 0.03f);

@@ -3,9 +3,9 @@
 // Layout: x [n,k] F32 (row stride x_st: x may be a column slice), w [m,k] F32 contiguous (one piece
 // of a weight split on row boundaries at upload: the piece's rows are output columns
 // [col0, col0 + m)), bias [M] or a dummy, out [n, M] (row stride o_st).
-// Three kernels; the dispatch (ops.cpp) takes `matmul_rows` for n ≤ 8, else `matmul` where
-// the output's 128×128 tiles (times the k pieces, below) fill a large GPU, else `matmul_small`; the
-// two tiled ones have a split-K entry point each (`matmul_split`, `matmul_small_split`).
+// Four kernels; the dispatch (ops.cpp) takes `matmul_rows` for n ≤ 8, else `matmul_wide_split` where
+// the weight's k is split (below), else `matmul` where the output's 128×128 tiles fill a large GPU,
+// else `matmul_small`.
 // Workgroups are folded (linear index, tiles_m tiles per tile row, then the k pieces).
 // - matmul: one 256-invocation workgroup (16×16) per 128×128 tile. Each invocation owns an 8×8
 //   block — rows {4·ty..4·ty+3, 64+4·ty..+3}, columns {4·tx..4·tx+3, 64+4·tx..+3} — in 16 vec4 FP32
@@ -14,6 +14,23 @@
 //   adapter offers), so two barriers per k step (tiles free before the store, stored before the
 //   reads). A double-buffered version (32 KiB, one barrier per step) measured 13 TFLOP/s on the
 //   H200 against this one's 24 at 4096³, so it was dropped.
+// - matmul_wide_split: one 128-invocation workgroup (16×8) per 64-row × 128-column tile and k piece,
+//   matmul's 8×8 blocks (rows {4·ty..+3, 32+4·ty..+3}) and k loop over an x tile [16][64] and a w
+//   tile [16][128] (12 KiB). Half of matmul's workgroup: the long prefill's 2,187-row outputs waste
+//   53 rows in their edge tiles instead of 117, and its m = 1,024 products spread over 2,240
+//   workgroups (35 × 8 tiles × 8 pieces) instead of 1,152, four resident per multiprocessor
+//   instead of two. H200 (2026-12-02, coordinator's round 1, `DISABLED_MatmulTiming` medians, two
+//   alternated readings): 2,187 × 3,584 × 1,024 0.624 / 0.646 → 0.599 / 0.608 ms against the 128×128
+//   split kernel, 2,187 × 2,048 × 1,024 0.403 / 0.409 → 0.380 / 0.383, and against the 64×64 one
+//   250 × 3,584 × 1,024 0.116 / 0.113 → 0.106 / 0.107, 250 × 2,048 × 1,024 0.082 / 0.071 → 0.069 /
+//   0.070, 222 × 3,584 × 1,024 0.115 / 0.113 → 0.113 / 0.105; round 2, the same shapes: 0.658 /
+//   0.642 → 0.614 / 0.620, 0.427 / 0.411 → 0.384 / 0.380, 0.110 / 0.122 → 0.114 / 0.108, 0.072 /
+//   0.082 → 0.079 / 0.069, 0.121 / 0.111 → 0.110 / 0.107. Dropped: using it only where the 128×128
+//   one ran (64×64 tiles kept for n ≈ 250; round 1): 0.614 / 0.611, 0.385 / 0.383, 0.113 / 0.113,
+//   0.072 / 0.071; and for the unsplit large outputs too (round 2, against `matmul`): 2,187 × 1,024 ×
+//   7,168 1.121 / 1.163 → 1.218 / 1.238 ms, × 8,224 1.276 / 1.304 → 1.447 / 1.474, 4096³ 4.26 /
+//   4.28 → 5.06 / 5.09 ms (32.2 → 27.1 TFLOP/s), long prefill 107.3 → 114.6 ms: where k is not split
+//   and the 128×128 tiles fill the GPU, `matmul`'s larger tile wins.
 // - matmul_small: 256 invocations per 64×64 tile, a 4×4 block per invocation (4 vec4 FMAs per two
 //   shared loads), two buffered pairs of [16][64] tiles (16 KiB), one barrier per step.
 // - matmul_rows: few rows (decode-like passes, readouts), where the cost is streaming w: one
@@ -26,19 +43,23 @@
 // wavefront (8 consecutive kk, one quad) hit 8 distinct 16-byte bank groups (unswizzled: one).
 // Loader role of the tiled ones: invocation lid loads k offset lid % 16 of x quads and w quads
 // (16 neighbours read 16 consecutive k of one row: 64-byte runs). Their compute-role row quad is
-// masked to 0..15 (row_quad), so every shared read index of the k loop is provably in range and needs
-// no robustness clamp.
+// masked to 0..15 (row_quad; 0..7 in matmul_wide_split), so every shared read index of the k loop is
+// provably in range and needs no robustness clamp.
 // All issue the next step's global loads before the current step's FMAs (register prefetch), so
 // the load latency overlaps the arithmetic.
 // Split-K: the host cuts k into `pieces` ranges of k_piece (a multiple of 16; the last one shorter)
-// chosen from the weight's shape alone (ops.cpp). A dispatch of a tiled kernel's `_split` entry point
-// then covers every piece: workgroup lin computes tile lin % tiles over piece lin / tiles and stores
-// the partial sums, without bias, to plane `piece` of the output binding (the host binds scratch
-// planes [pieces][n][m] there, o_off + piece · piece_stride); matmul_reduce.wgsl adds the planes in
-// piece order, then the bias. The plain entry points run the same tile code over all of k with the
-// piece fixed at compile time (k from 0, stored at o_off), as before split-K: with one entry point
-// each reading its piece at run time, unsplit shapes and the 4096³ rate measured 2 % slower on the
-// H200 (docs/backends.md).
+// chosen from the weight's shape alone (ops.cpp). One dispatch of `matmul_wide_split` then covers
+// every piece: workgroup lin computes tile lin % tiles over piece lin / tiles and stores the partial
+// sums, without bias, to plane `piece` of the output binding (the host binds scratch planes there,
+// o_off + piece · piece_stride) in its invocations' order (matmul_reduce.wgsl's layout: each store
+// writes 128 consecutive floats; row-major planes took four stores per 16-byte run); matmul_reduce.wgsl
+// adds the planes in piece order, then the bias. Those planes with the earlier 128×128 and 64×64 split
+// kernels (same round as above): 2,187 × 3,584 × 1,024 0.620 / 0.599 ms, 2,187 × 2,048 × 1,024
+// 0.407 / 0.387, but 250 × 3,584 × 1,024 0.120 / 0.121 and 222 × 3,584 × 1,024 0.120 / 0.121 (slower
+// than row-major there). The unsplit entry points run their tile code over all of k with the piece
+// fixed at compile time (k from 0, stored at o_off), as before split-K: with one entry point each
+// reading its piece at run time, unsplit shapes and the 4096³ rate measured 2 % slower on the H200
+// (docs/backends.md).
 // matmul_rows walks all of k itself and folds at the same boundaries, in the same order.
 // Each partial is accumulated in ascending k from its piece's start (zero-padded to a multiple of
 // 16), one FMA per step from 0; the pieces are added in order (piece 0 + piece 1 + ...) and the bias
@@ -152,6 +173,18 @@ fn row_quad(lid: u32) -> u32 {
   return (lid / 16u) & 15u;
 }
 
+// matmul_wide_split's partial sums: a 4×4 quarter of invocation lid's block into its tile's run of
+// a partial plane (matmul_reduce.wgsl's layout), value (row i, column e) at at + (4i + e) · 128 with
+// `at` the quarter's start plus lid, so each store of the workgroup writes 128 consecutive floats.
+fn store_part4(at: u32, a: Block4) {
+  for (var e = 0u; e < 4u; e++) {
+    out[at + e * 128u] = a.r0[e];
+    out[at + (4u + e) * 128u] = a.r1[e];
+    out[at + (8u + e) * 128u] = a.r2[e];
+    out[at + (12u + e) * 128u] = a.r3[e];
+  }
+}
+
 fn store_block4(o_base: u32, r: u32, c: u32, a: Block4) {
   store4(o_base, r, c, a.r0);
   store4(o_base, r + 1u, c, a.r1);
@@ -203,6 +236,14 @@ fn store_block8(pc: Piece, t: Tile128, a: Block8) {
   store_block4(pc.o_base, r_lo + 64u, c_lo + 64u, a.hh);
 }
 
+// The quarters (ll, lh, hl, hh) of an 8×8 block one after the other.
+fn store_part8(at: u32, a: Block8) {
+  store_part4(at, a.ll);
+  store_part4(at + 2048u, a.lh);
+  store_part4(at + 4096u, a.hl);
+  store_part4(at + 6144u, a.hh);
+}
+
 fn zero_block8() -> Block8 {
   return Block8(zero_block4(), zero_block4(), zero_block4(), zero_block4());
 }
@@ -242,15 +283,66 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
   matmul_tile(whole_k(), tile, lid);
 }
 
-@compute @workgroup_size(256)
-fn matmul_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                @builtin(local_invocation_index) lid: u32) {
+// matmul_wide_split's workgroup (128 invocations, a 64-row × 128-column tile): the 8×8 block of
+// invocation lid — rows {4·ty..+3, 32+4·ty..+3}, columns {4·tx..+3, 64+4·tx..+3} — over piece pc.
+// x tile [16][16 quads] in xs, w tile [16][32 quads] in ws, swizzled as matmul's; the loader (k
+// offset lid % 16, quad q = lid / 16) loads x quads q, q + 8 and w quads q, q + 8, q + 16, q + 24.
+fn matmul_wide_tile(pc: Piece, tile: u32, lid: u32) -> Block8 {
+  let row0 = (tile / p.tiles_m) * 64u;
+  let colt0 = (tile % p.tiles_m) * 128u;
+  let ty = (lid / 16u) & 7u;
+  let tx = lid % 16u;
+  let kk_load = lid % KT;
+  let q = lid / KT;
+  let sw = q ^ (kk_load & 7u);
+  let stx = kk_load * 16u + sw;
+  let stw = kk_load * 32u + sw;
+  var px0 = load_x(pc, row0 + 4u * q, kk_load);
+  var px1 = load_x(pc, row0 + 32u + 4u * q, kk_load);
+  var pw0 = load_w(pc, colt0 + 4u * q, kk_load);
+  var pw1 = load_w(pc, colt0 + 32u + 4u * q, kk_load);
+  var pw2 = load_w(pc, colt0 + 64u + 4u * q, kk_load);
+  var pw3 = load_w(pc, colt0 + 96u + 4u * q, kk_load);
+  var acc = zero_block8();
+  for (var k0 = 0u; k0 < pc.k_len; k0 += KT) {
+    xs[stx] = px0;
+    xs[stx + 8u] = px1;
+    ws[stw] = pw0;
+    ws[stw + 8u] = pw1;
+    ws[stw + 16u] = pw2;
+    ws[stw + 24u] = pw3;
+    workgroupBarrier();
+    if (k0 + KT < pc.k_len) {
+      let l = k0 + KT + kk_load;
+      px0 = load_x(pc, row0 + 4u * q, l);
+      px1 = load_x(pc, row0 + 32u + 4u * q, l);
+      pw0 = load_w(pc, colt0 + 4u * q, l);
+      pw1 = load_w(pc, colt0 + 32u + 4u * q, l);
+      pw2 = load_w(pc, colt0 + 64u + 4u * q, l);
+      pw3 = load_w(pc, colt0 + 96u + 4u * q, l);
+    }
+    for (var kk = 0u; kk < KT; kk++) {
+      let s = kk & 7u;
+      let xb = kk * 16u;
+      let wb = kk * 32u;
+      acc = fma8(acc, xs[xb + (ty ^ s)], xs[xb + 8u + (ty ^ s)], ws[wb + (tx ^ s)], ws[wb + 16u + (tx ^ s)]);
+    }
+    workgroupBarrier();
+  }
+  return acc;
+}
+
+@compute @workgroup_size(128)
+fn matmul_wide_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
   let lin = linear_group(wid, nwg);
-  let tiles = tile_count(128u);
+  let tiles = tile_count(64u);
   if (lin >= tiles * p.pieces) {
     return;
   }
-  matmul_tile(piece_of(lin, tiles), lin % tiles, lid);
+  let tile = lin % tiles;
+  let pc = piece_of(lin, tiles);
+  store_part8(pc.o_base + tile * 8192u + lid, matmul_wide_tile(pc, tile, lid));
 }
 
 // matmul_small's workgroup: tile `tile` over piece pc.
@@ -302,17 +394,6 @@ fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     return;
   }
   matmul_small_tile(whole_k(), tile, lid);
-}
-
-@compute @workgroup_size(256)
-fn matmul_small_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                      @builtin(local_invocation_index) lid: u32) {
-  let lin = linear_group(wid, nwg);
-  let tiles = tile_count(64u);
-  if (lin >= tiles * p.pieces) {
-    return;
-  }
-  matmul_small_tile(piece_of(lin, tiles), lin % tiles, lid);
 }
 
 // matmul_rows: w columns (put_w_rows) or x rows (put_x_rows) c0..c0+3 at k = l of the step.

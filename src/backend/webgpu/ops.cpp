@@ -30,6 +30,7 @@ constexpr int64_t kAttnMaxSplits = 16;
 constexpr int64_t kAttnMinSplitTiles = 1;
 constexpr uint64_t kMatmulTile = 128;            // output tile edge of matmul.wgsl's `matmul`
 constexpr uint64_t kMatmulSmallTile = 64;        // ... of its `matmul_small`
+constexpr uint64_t kMatmulWideRows = 64;         // rows of a `matmul_wide_split` tile (128 columns)
 constexpr uint64_t kMatmulMinLargeTiles = 264;   // `matmul` from this many 128×128 output tiles
 constexpr int64_t kMatmulMaxRows = 8;        // rows of `matmul_rows` (one x row per 16 invocations)
 constexpr uint64_t kMatmulRowsColumns = 16;  // output columns per `matmul_rows` workgroup
@@ -61,8 +62,7 @@ const KernelSpec kGdnGates{"gdn_gates", "gdn_gates", 6};
 const KernelSpec kMatmul{"matmul", "matmul", 4};
 const KernelSpec kMatmulSmall{"matmul", "matmul_small", 4};
 const KernelSpec kMatmulRows{"matmul", "matmul_rows", 4};
-const KernelSpec kMatmulSplit{"matmul", "matmul_split", 4};
-const KernelSpec kMatmulSmallSplit{"matmul", "matmul_small_split", 4};
+const KernelSpec kMatmulWideSplit{"matmul", "matmul_wide_split", 4};
 const KernelSpec kMatmulReduce{"matmul_reduce", "matmul_reduce", 3};
 const KernelSpec kConv{"causal_conv1d", "conv", 6};
 const KernelSpec kConvState{"causal_conv1d", "conv_state", 6};
@@ -132,9 +132,9 @@ struct MatmulParams {
 static_assert(sizeof(MatmulParams) == 64);
 
 struct MatmulReduceParams {
-  uint32_t n, m, pieces, o_off, o_st, col0, bias_off, has_bias;
+  uint32_t n, m, pieces, o_off, o_st, col0, bias_off, has_bias, plane, tiles_m, pad0, pad1;
 };
-static_assert(sizeof(MatmulReduceParams) == 32);
+static_assert(sizeof(MatmulReduceParams) == 48);
 
 struct ConvParams {
   uint32_t n, c, k, n_seqs, x_off, x_st, w_off, si_off, o_off, o_st, so_off, has_prefix, len, pad0, pad1, pad2;
@@ -521,21 +521,27 @@ Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bia
   p.has_bias = bias.empty() ? 0 : 1;
   p.k_piece = u32(split.piece_k);
   p.pieces = 1;
-  // Split-K passes of more rows than matmul_rows takes: the tiled kernels write partial planes
-  // [pieces][rows][cols] to one scratch binding, taken once for the op and reused by every weight
-  // piece, for as many rows at a time as fit the binding limit (a multiple of 128 when 128 fit).
+  // Split-K passes of more rows than matmul_rows takes: `matmul_wide_split` writes partial planes
+  // [pieces][tiles] (matmul_reduce.wgsl's layout, edge tiles whole) to one scratch binding, taken once
+  // for the op and reused by every weight piece, for as many rows at a time as fit the binding limit
+  // (a multiple of the tile's 64 rows when not all of them fit).
   const bool split_pass = n > kMatmulMaxRows && split.pieces > 1;
   int64_t chunk_rows = n;
   Binding planes;
   if (split_pass) {
     int64_t max_cols = 0;
     for (const Part& part : parts) max_cols = std::max(max_cols, part.cols);
-    const uint64_t row_bytes = split.pieces * static_cast<uint64_t>(max_cols) * sizeof(float);
-    const int64_t fit = static_cast<int64_t>(limits_.max_binding / row_bytes);
-    KEV_CHECK(fit >= 1, ErrorCode::Unsupported, kOp, ": one row's ", split.pieces, " partial sums of ", max_cols,
-              " columns exceed the storage binding limit of ", limits_.max_binding, " bytes");
-    if (fit < n) chunk_rows = fit >= int64_t{kMatmulTile} ? fit / kMatmulTile * kMatmulTile : fit;
-    KEV_ASSIGN_OR_RETURN(planes, device_->scratch(static_cast<uint64_t>(chunk_rows) * row_bytes));
+    auto plane_bytes = [&](uint64_t rows) {
+      return split.pieces * ceil_div(rows, kMatmulWideRows) * kMatmulWideRows * ceil_div(max_cols, kMatmulTile) *
+             kMatmulTile * sizeof(float);
+    };
+    if (plane_bytes(n) > limits_.max_binding) {
+      const uint64_t fit = limits_.max_binding / plane_bytes(kMatmulWideRows);
+      KEV_CHECK(fit >= 1, ErrorCode::Unsupported, kOp, ": the ", split.pieces, " partial sums of ", kMatmulWideRows,
+                " rows of ", max_cols, " columns exceed the storage binding limit of ", limits_.max_binding, " bytes");
+      chunk_rows = static_cast<int64_t>(fit * kMatmulWideRows);
+    }
+    KEV_ASSIGN_OR_RETURN(planes, device_->scratch(plane_bytes(chunk_rows)));
   }
   for (const Part& part : parts) {
     p.m = u32(part.cols);
@@ -572,13 +578,10 @@ Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bia
       q.col0 = 0;
       q.has_bias = 0;
       q.pieces = u32(split.pieces);
-      q.piece_stride = u32(rows * part.cols);
-      const bool large =
-          ceil_div(rows, kMatmulTile) * ceil_div(part.cols, kMatmulTile) * split.pieces >= kMatmulMinLargeTiles;
-      const uint64_t tile = large ? kMatmulTile : kMatmulSmallTile;
-      q.tiles_m = u32(ceil_div(part.cols, tile));
-      KEV_TRY(dispatch(kOp, large ? kMatmulSplit : kMatmulSmallSplit, &q, sizeof q,
-                       {bx.b, part.bw.b, bb.b, planes}, ceil_div(rows, tile) * q.tiles_m * split.pieces));
+      q.tiles_m = u32(ceil_div(part.cols, kMatmulTile));
+      const uint64_t tiles = ceil_div(rows, kMatmulWideRows) * q.tiles_m;
+      q.piece_stride = u32(tiles * kMatmulWideRows * kMatmulTile);
+      KEV_TRY(dispatch(kOp, kMatmulWideSplit, &q, sizeof q, {bx.b, part.bw.b, bb.b, planes}, tiles * split.pieces));
       MatmulReduceParams r{};
       r.n = u32(rows);
       r.m = p.m;
@@ -588,8 +591,10 @@ Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bia
       r.col0 = p.col0;
       r.bias_off = p.bias_off;
       r.has_bias = p.has_bias;
+      r.plane = q.piece_stride;
+      r.tiles_m = q.tiles_m;
       KEV_TRY(dispatch(kOp, kMatmulReduce, &r, sizeof r, {planes, bb.b, bo.b},
-                       ceil_div(static_cast<uint64_t>(rows * part.cols), kGroup)));
+                       tiles * kMatmulWideRows * kMatmulTile / 4 / kGroup));
     }
   }
   return Status::success();

@@ -39,6 +39,13 @@
 // before the current chunk's FMAs (register prefetch). Loads past a tile's last key or past hd read
 // the last key or dim instead (their products reach only masked scores and unstored outputs); only
 // Q is zeroed past hd. Invalid query rows read the tile's first row (never stored).
+// Measured on the H200 and dropped (docs/backends.md, "Attention: larger score blocks, deeper
+// prefetch"): 4 rows × 8 keys of scores per invocation over 128-key steps (a quarter fewer shared
+// loads per FMA, Q staged and the maxima exchanged once per 128 keys; 16- or 32-dim score chunks):
+// 2,187 tokens 1.53–1.58 → 1.54–1.62 ms, the small passes slower; loads issued two chunks ahead (one
+// more register set): values only 1.55 → 1.56–1.58 ms, values and scores 1.65–1.68. So neither the
+// shared loads nor the load latency within a chunk looks like the limit; the variants holding more
+// registers were the slower ones.
 // A tile with S_i = 1: the workgroup writes out normalised. S_i > 1 (flash-decoding): each split
 // writes its rows' unnormalised output, running max m and sum l to `part` (O at [split][t][h][hd] for
 // split < max_splits, then (m, l) at [split][t][h]); `attention_combine` (one 64-invocation

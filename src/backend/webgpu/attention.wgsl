@@ -45,7 +45,11 @@
 // 2,187 tokens 1.53–1.58 → 1.54–1.62 ms, the small passes slower; loads issued two chunks ahead (one
 // more register set): values only 1.55 → 1.56–1.58 ms, values and scores 1.65–1.68. So neither the
 // shared loads nor the load latency within a chunk looks like the limit; the variants holding more
-// registers were the slower ones.
+// registers were the slower ones. Nor are the registers (H200, coordinator's round 3, 2026-12-02; half
+// the O registers, 32 per invocation, in both): 32 query rows a workgroup (4 rows × 2 keys of scores,
+// 4 rows × 8 dims of O) 2,187 tokens 1.56 / 1.58 → 2.02 / 2.04 ms, 700 tokens 0.29 → 0.38 (only the
+// split pass over 2,187 keys faster, 0.43 → 0.40); O's head dims over two workgroups, each computing
+// Q·Kᵀ (1.5× the products) → 2.37 / 2.38 ms. The time follows the work per workgroup.
 // A tile with S_i = 1: the workgroup writes out normalised. S_i > 1 (flash-decoding): each split
 // writes its rows' unnormalised output, running max m and sum l to `part` (O at [split][t][h][hd] for
 // split < max_splits, then (m, l) at [split][t][h]); `attention_combine` (one 64-invocation

@@ -275,8 +275,8 @@ TEST(WebGpu, SplitWeightsMatchTheCpu) {
 
 // ---- matmul edges ---------------------------------------------------------------------------------
 // The matmul dispatch picks matmul.wgsl's few-row entry point for n ≤ 8, its 64×128-tile split-K one
-// where k is split, else a 128×128-tile one for outputs of at least 264 such tiles and its 64×64-tile
-// one below (ops.cpp); each is checked at shapes
+// where k is split, else a 128×128-tile one for outputs of at least 264 such tiles and its unsplit
+// 64×128-tile one below (ops.cpp); each is checked at shapes
 // off every tile grid (n, m not multiples of 4, 16, 32, 64 or 128; k not a multiple of the 16- or
 // 128-deep k steps), with strided x/out views and a bias, against the CPU reference at the op tables'
 // FP32 reduction bound. Weights of at most 2,048 rows (outputs of under 264 tiles of 128 in a
@@ -298,12 +298,12 @@ const MatmulEdge kMatmulEdges[] = {
     {"rows2_k3", 2, 3, 17, false, 0, 0},
     {"rows3_long_k", 3, 2600, 1100, true, 0, 0},     // 21 k steps of 128 with a ragged tail
     {"rows9", 9, 129, 40, true, 1, 1},               // just past the few-row kernel
-    {"small_ragged_strided", 131, 1030, 67, true, 3, 2},  // 3×2 tiles of 64, edges on both sides
-    {"small_edges", 33, 50, 65, false, 1, 2},             // one row and one column past a 64×64 tile
-    {"small_short_pass", 250, 1024, 1030, true, 0, 0},    // Kev's short-pass shape: 4×17 tiles of 64
-    {"small_many_tiles", 1000, 40, 1000, true, 0, 0},     // 16×16 tiles of 64 (8×8 = 64 of 128)
-    {"small_ragged_wide", 700, 130, 1500, true, 3, 2},    // 11×24 tiles of 64, 6×12 = 72 of 128
-    {"small_under_threshold", 2187, 40, 1024, true, 0, 0},  // long's 18×8 = 144 tiles of 128: the 64×64 kernel
+    {"wide_ragged_strided", 131, 1030, 67, true, 3, 2},  // 3×1 tiles of 64×128, edges on both sides
+    {"wide_edges", 65, 50, 129, false, 1, 2},            // one row and one column past a 64×128 tile
+    {"wide_short_pass", 250, 1024, 1030, true, 0, 0},    // Kev's short-pass shape: 4×9 tiles of 64×128
+    {"wide_many_tiles", 1000, 40, 1000, true, 0, 0},     // 16×8 tiles of 64×128 (8×8 = 64 of 128)
+    {"wide_ragged", 700, 130, 1500, true, 3, 2},         // 11×12 tiles of 64×128, 6×12 = 72 of 128
+    {"wide_under_threshold", 2187, 40, 1024, true, 0, 0},  // long's 18×8 = 144 tiles of 128: the 64×128 kernel
     {"big_at_threshold", 1100, 40, 3800, false, 2, 0},  // 9×30 = 270 tiles of 128: just over the big kernel's 264
     {"big_ragged", 2050, 19, 2100, true, 0, 0},      // 17×17 tiles of 128: the big kernel, edges on both sides
     {"big_strided", 2049, 37, 2053, false, 5, 3},    // x and out row-strided views
@@ -336,10 +336,10 @@ INSTANTIATE_TEST_SUITE_P(WebGpu, MatmulEdges, ::testing::Range<size_t>(0, std::s
 // Every output element is accumulated in ascending k with one FMA per step by all matmul entry
 // points, so a row's result depends neither on how many rows share the pass nor on which kernel ran.
 // A weight of 34,000 × 170 split at a (test-lowered) 22 MiB binding limit: pieces of 33,924 rows
-// (266 tiles of 128 per tile row: the 128×128 kernel) and 76 rows (the 64×64 kernel). Checked: the
+// (266 tiles of 128 per tile row: the 128×128 kernel) and 76 rows (the 64×128 kernel). Checked: the
 // whole 130-row product against the CPU; its first rows against the same rows computed in a 3-row
 // pass (the few-row kernel); its first 2,000 and 5,500 columns against 2,000- and 5,500-row weights
-// (2 × 16 and 2 × 43 tiles of 128, under the 128×128 kernel's threshold: the 64×64 kernel), bit for
+// (2 × 16 and 2 × 43 tiles of 128, under the 128×128 kernel's threshold: the 64×128 kernel), bit for
 // bit.
 TEST(WebGpu, MatmulRowsDoNotDependOnThePassOrTheKernel) {
   REQUIRE_WEBGPU(unused);
@@ -381,11 +381,11 @@ TEST(WebGpu, MatmulRowsDoNotDependOnThePassOrTheKernel) {
         for (int64_t j = 0; j < cols; ++j) differ += got_cols[i * cols + j] != got[i * m + j];
       }
       EXPECT_EQ(differ, 0u) << "the first " << cols
-                            << " columns computed alone (64×64 kernel) differ from the 128×128 kernel's";
+                            << " columns computed alone (64×128 kernel) differ from the 128×128 kernel's";
     }
   }
   EXPECT_LE(kev::testing::nmse(got, want), 1e-10)
-      << "matmul over split pieces (128×128 and 64×64 kernels) vs the CPU reference";
+      << "matmul over split pieces (128×128 and 64×128 kernels) vs the CPU reference";
 }
 
 // The first `rows` rows of x [·, k] times w [m, k] plus bias on `b`.
@@ -472,15 +472,16 @@ Timing time_calls(Backend& gpu, const std::function<Status()>& run, int per_sync
 }
 
 // The matmul at the 0.8B model's projections in Kev's passes: long's 2,187-token prefill (MLP gate+up,
-// GDN in_proj, MLP down, out_proj / o_proj), short's 250-token prefill and 222-row evaluation, the
-// few-row kernel (8 rows of MLP down: k in 8 pieces that it folds itself), and 4096³ (the benchmark's
-// ceiling shape). Three calls per synchronisation. Run with
+// GDN in_proj, MLP down, out_proj / o_proj), short's 250-token prefill (also attention's k|v|q, m =
+// 5,120) and its 220- and 222-row evaluations, the few-row kernel (8 rows of MLP down: k in 8 pieces
+// that it folds itself), and 4096³ (the benchmark's ceiling shape). Three calls per synchronisation. Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='WebGpu.DISABLED_MatmulTiming'
 TEST(WebGpu, DISABLED_MatmulTiming) {
   REQUIRE_WEBGPU(gpu);
   std::vector<std::shared_ptr<Buffer>> keep;
   const int64_t shapes[][3] = {{2187, 1024, 7168}, {2187, 1024, 8224}, {2187, 3584, 1024}, {2187, 2048, 1024},
-                               {250, 1024, 7168},  {250, 3584, 1024},  {250, 2048, 1024},  {222, 3584, 1024},
+                               {250, 1024, 7168},  {250, 1024, 8224},  {250, 1024, 5120},  {220, 1024, 7168},
+                               {220, 1024, 8224},  {250, 3584, 1024},  {250, 2048, 1024},  {222, 3584, 1024},
                                {1, 1024, 3584},    {8, 3584, 1024},    {4096, 4096, 4096}};
   for (const auto& s : shapes) {
     const int64_t n = s[0], k = s[1], m = s[2];

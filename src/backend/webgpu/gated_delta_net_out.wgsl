@@ -10,7 +10,7 @@
 // holds (t0, cn, S_c nonzero); scratch region of (ci, h) at (ci·Hv + h)·region as in part 1, with Δ
 // in U's place and S_c [dk×dv] (key-major) in the S slot. dk <= 128.
 // Launch: one workgroup of 256 invocations per (dv slice of 64 columns, value head, chunk), i.e.
-// ceil(dv/64)·Hv·n_chunks workgroups (folded), tiled as matmul.wgsl's matmul_small: invocation
+// ceil(dv/64)·Hv·n_chunks workgroups (folded), tiled in 64×64: invocation
 // (ty, tx) = (lid/16, lid%16) owns rows 4ty..4ty+3 and columns 4tx..4tx+3 in a 4×4 register block;
 // the k walk (ceil(dk/16) steps of Q S_c, then 4 of P Δ; a chunk with S_c zero reads zeros rather
 // than skipping, so that the step count stays uniform) goes in steps of 16 through two buffered

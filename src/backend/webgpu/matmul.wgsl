@@ -5,7 +5,7 @@
 // [col0, col0 + m)), bias [M] or a dummy, out [n, M] (row stride o_st).
 // Four kernels; the dispatch (ops.cpp) takes `matmul_rows` for n ≤ 8, else `matmul_wide_split` where
 // the weight's k is split (below), else `matmul` where the output's 128×128 tiles fill a large GPU,
-// else `matmul_small`.
+// else `matmul_wide`.
 // Workgroups are folded (linear index, tiles_m tiles per tile row, then the k pieces).
 // - matmul: one 256-invocation workgroup (16×16) per 128×128 tile. Each invocation owns an 8×8
 //   block — rows {4·ty..4·ty+3, 64+4·ty..+3}, columns {4·tx..4·tx+3, 64+4·tx..+3} — in 16 vec4 FP32
@@ -31,8 +31,26 @@
 //   7,168 1.121 / 1.163 → 1.218 / 1.238 ms, × 8,224 1.276 / 1.304 → 1.447 / 1.474, 4096³ 4.26 /
 //   4.28 → 5.06 / 5.09 ms (32.2 → 27.1 TFLOP/s), long prefill 107.3 → 114.6 ms: where k is not split
 //   and the 128×128 tiles fill the GPU, `matmul`'s larger tile wins.
-// - matmul_small: 256 invocations per 64×64 tile, a 4×4 block per invocation (4 vec4 FMAs per two
-//   shared loads), two buffered pairs of [16][64] tiles (16 KiB), one barrier per step.
+// - matmul_wide: the unsplit outputs under `matmul`'s threshold (short's 250 / 220-row gate_up,
+//   in_proj and k|v|q). 256 invocations (16×16) per 64-row × 128-column tile, a 4×8 block each —
+//   rows 4·ty..+3, columns {4·tx..+3, 64+4·tx..+3}: 8 vec4 FMAs per three shared loads — over
+//   matmul_wide_split's tile layout (x [16][16 quads], w [16][32 quads], 12 KiB), two barriers per
+//   step. Until 2026-12-02 `matmul_small` ran these: 64×64 tiles, 4×4 blocks (4 vec4 FMAs per two
+//   shared loads), two buffered pairs of [16][64] tiles (16 KiB), one barrier per step. H200
+//   (2026-12-02, coordinator's round 3, main fa6fe5d → this; `DISABLED_MatmulTiming` medians):
+//   250 × 1,024 × 7,168 0.202 → 0.196 ms; 250 × 1,024 × 8,224 0.202, × 5,120 0.189, 220 × 1,024 ×
+//   7,168 0.190, × 8,224 0.201 (no old reading); 2,187 × 1,024 × 7,168 1.124 → 1.131 and 4096³
+//   4.279 → 4.275 (`matmul`, unchanged). `kev_benchmark --workload short --runs 5 --warmups 2`,
+//   two alternated readings: prefill + evaluation 36.66 / 35.77 → 35.98 / 35.93 ms (equal within
+//   the spread); long (--runs 3 --warmups 1, one reading) prefill 107.66 → 106.24, cached
+//   evaluation (195 rows, this kernel) 19.18 → 18.76. Dropped in the same run: the tile as
+//   matmul_wide_split's 128 invocations with 8×8 blocks, unsplit: 250 × 1,024 × 7,168 0.235 ms,
+//   × 8,224 0.221, × 5,120 0.215, 220 × 1,024 × 7,168 0.222; short 38.26 / 38.60 ms, long
+//   cached evaluation 20.01 (likely too few warps to hide the loads: 224 workgroups of 4 warps
+//   leave a multiprocessor 4 or 8 of them). At these rows the time barely follows m
+//   (5,120 → 8,224 columns: 0.189 → 0.202 ms): the 160–260 workgroups are one wave, so a product
+//   costs about one workgroup's 64-step k walk; a gain would have to shorten that walk, not change
+//   the tile count.
 // - matmul_rows: few rows (decode-like passes, readouts), where the cost is streaming w: one
 //   128-invocation workgroup per 16 output columns (more of w in flight than any tiled kernel);
 //   all invocations load a [16 columns × 128 k] slab of w (8 KiB) and x [8 × 128] per step, and
@@ -84,12 +102,9 @@ struct Params {
 
 const KT: u32 = 16u;  // k step of the tiled entry points
 
-// Tiles [KT][quads] swizzled: quad q of k row kk sits at kk * quads + (q ^ (kk & 7)); matmul_small
-// holds two such tiles back to back.
-var<workgroup> xs: array<vec4<f32>, 512>;          // matmul: 32 quads
-var<workgroup> ws: array<vec4<f32>, 512>;
-var<workgroup> xs_small: array<vec4<f32>, 512>;    // matmul_small: 2 × 16 quads
-var<workgroup> ws_small: array<vec4<f32>, 512>;
+// Tiles [KT][quads] swizzled: quad q of k row kk sits at kk * quads + (q ^ (kk & 7)).
+var<workgroup> xs: array<vec4<f32>, 512>;          // matmul: 32 quads; the 64×128 tiles: 16
+var<workgroup> ws: array<vec4<f32>, 512>;          // 32 quads
 
 const ROWS_KT: u32 = 128u;  // matmul_rows: k step
 const ROWS_Q: u32 = 33u;    // matmul_rows: vec4 per slab row, ROWS_KT / 4 + 1 (the pad staggers banks)
@@ -332,6 +347,56 @@ fn matmul_wide_tile(pc: Piece, tile: u32, lid: u32) -> Block8 {
   return acc;
 }
 
+// matmul_wide's workgroup: invocation lid owns rows 4·ty..+3 (ty = lid / 16) and columns
+// {4·tx..+3, 64+4·tx..+3} (tx = lid % 16) of a 64-row × 128-column tile; x tile [16][16 quads] in xs,
+// w tile [16][32 quads] in ws (matmul_wide_tile's layout); the loader (k offset lid % 16, quad q =
+// lid / 16) loads x quad q and w quads q, q + 16.
+@compute @workgroup_size(256)
+fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+  let tile = linear_group(wid, nwg);
+  if (tile >= tile_count(64u)) {
+    return;
+  }
+  let pc = whole_k();
+  let row0 = (tile / p.tiles_m) * 64u;
+  let colt0 = (tile % p.tiles_m) * 128u;
+  let ty = row_quad(lid);
+  let tx = lid % 16u;
+  let kk_load = lid % KT;
+  let q = lid / KT;
+  let sw = q ^ (kk_load & 7u);
+  let stx = kk_load * 16u + sw;
+  let stw = kk_load * 32u + sw;
+  var px = load_x(pc, row0 + 4u * q, kk_load);
+  var pw0 = load_w(pc, colt0 + 4u * q, kk_load);
+  var pw1 = load_w(pc, colt0 + 64u + 4u * q, kk_load);
+  var lo = zero_block4();
+  var hi = zero_block4();
+  for (var k0 = 0u; k0 < pc.k_len; k0 += KT) {
+    xs[stx] = px;
+    ws[stw] = pw0;
+    ws[stw + 16u] = pw1;
+    workgroupBarrier();
+    if (k0 + KT < pc.k_len) {
+      let l = k0 + KT + kk_load;
+      px = load_x(pc, row0 + 4u * q, l);
+      pw0 = load_w(pc, colt0 + 4u * q, l);
+      pw1 = load_w(pc, colt0 + 64u + 4u * q, l);
+    }
+    for (var kk = 0u; kk < KT; kk++) {
+      let s = kk & 7u;
+      let xv = xs[kk * 16u + (ty ^ s)];
+      let wb = kk * 32u;
+      lo = fma4(lo, xv, ws[wb + (tx ^ s)]);
+      hi = fma4(hi, xv, ws[wb + 16u + (tx ^ s)]);
+    }
+    workgroupBarrier();
+  }
+  store_block4(pc.o_base, row0 + 4u * ty, colt0 + 4u * tx, lo);
+  store_block4(pc.o_base, row0 + 4u * ty, colt0 + 64u + 4u * tx, hi);
+}
+
 @compute @workgroup_size(128)
 fn matmul_wide_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
@@ -343,57 +408,6 @@ fn matmul_wide_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
   let tile = lin % tiles;
   let pc = piece_of(lin, tiles);
   store_part8(pc.o_base + tile * 8192u + lid, matmul_wide_tile(pc, tile, lid));
-}
-
-// matmul_small's workgroup: tile `tile` over piece pc.
-fn matmul_small_tile(pc: Piece, tile: u32, lid: u32) {
-  let row0 = (tile / p.tiles_m) * 64u;
-  let colt0 = (tile % p.tiles_m) * 64u;
-  let ty = row_quad(lid);
-  let tx = lid % 16u;
-  // Loader role: k offset kk = lid % 16, quad q = lid / 16 of x and of w.
-  let kk_load = lid % KT;
-  let q_load = lid / KT;
-  let st = kk_load * 16u + (q_load ^ (kk_load & 7u));
-
-  var px = load_x(pc, row0 + 4u * q_load, kk_load);
-  var pw = load_w(pc, colt0 + 4u * q_load, kk_load);
-  xs_small[st] = px;
-  ws_small[st] = pw;
-  workgroupBarrier();
-  var acc = zero_block4();
-  var cur = 0u;  // the tile pair being read: 0 or 256
-  for (var k0 = 0u; k0 < pc.k_len; k0 += KT) {
-    let more = k0 + KT < pc.k_len;
-    if (more) {
-      px = load_x(pc, row0 + 4u * q_load, k0 + KT + kk_load);
-      pw = load_w(pc, colt0 + 4u * q_load, k0 + KT + kk_load);
-    }
-    for (var kk = 0u; kk < KT; kk++) {
-      let s = kk & 7u;
-      let base = cur + kk * 16u;
-      acc = fma4(acc, xs_small[base + (ty ^ s)], ws_small[base + (tx ^ s)]);
-    }
-    // The other pair was last read before the previous barrier, so it can be refilled now; the
-    // barrier below publishes it (and ends this step's reads of `cur`).
-    cur ^= 256u;
-    if (more) {
-      xs_small[cur + st] = px;
-      ws_small[cur + st] = pw;
-    }
-    workgroupBarrier();
-  }
-  store_block4(pc.o_base, row0 + 4u * ty, colt0 + 4u * tx, acc);
-}
-
-@compute @workgroup_size(256)
-fn matmul_small(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                @builtin(local_invocation_index) lid: u32) {
-  let tile = linear_group(wid, nwg);
-  if (tile >= tile_count(64u)) {
-    return;
-  }
-  matmul_small_tile(whole_k(), tile, lid);
 }
 
 // matmul_rows: w columns (put_w_rows) or x rows (put_x_rows) c0..c0+3 at k = l of the step.

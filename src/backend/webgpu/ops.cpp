@@ -29,8 +29,7 @@ constexpr int64_t kAttnTargetGroups = 264;
 constexpr int64_t kAttnMaxSplits = 16;
 constexpr int64_t kAttnMinSplitTiles = 1;
 constexpr uint64_t kMatmulTile = 128;            // output tile edge of matmul.wgsl's `matmul`
-constexpr uint64_t kMatmulSmallTile = 64;        // ... of its `matmul_small`
-constexpr uint64_t kMatmulWideRows = 64;         // rows of a `matmul_wide_split` tile (128 columns)
+constexpr uint64_t kMatmulWideRows = 64;         // rows of a `matmul_wide` / `matmul_wide_split` tile (128 columns)
 constexpr uint64_t kMatmulMinLargeTiles = 264;   // `matmul` from this many 128×128 output tiles
 constexpr int64_t kMatmulMaxRows = 8;        // rows of `matmul_rows` (one x row per 16 invocations)
 constexpr uint64_t kMatmulRowsColumns = 16;  // output columns per `matmul_rows` workgroup
@@ -60,8 +59,8 @@ const KernelSpec kCopyToF32{"copy", "copy_to_f32", 2};
 const KernelSpec kCopyToBf16{"copy", "copy_to_bf16", 2};
 const KernelSpec kGdnGates{"gdn_gates", "gdn_gates", 6};
 const KernelSpec kMatmul{"matmul", "matmul", 4};
-const KernelSpec kMatmulSmall{"matmul", "matmul_small", 4};
 const KernelSpec kMatmulRows{"matmul", "matmul_rows", 4};
+const KernelSpec kMatmulWide{"matmul", "matmul_wide", 4};
 const KernelSpec kMatmulWideSplit{"matmul", "matmul_wide_split", 4};
 const KernelSpec kMatmulReduce{"matmul_reduce", "matmul_reduce", 3};
 const KernelSpec kConv{"causal_conv1d", "conv", 6};
@@ -555,17 +554,18 @@ Status WebGpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bia
     }
     if (!split_pass) {
       // 128×128 tiles where there are enough of them to fill a large GPU (an H200 has 132
-      // multiprocessors, each running two such workgroups), else 64×64 tiles. Measured on the H200
-      // (docs/backends.md): long's 2,187 × 1,024 outputs (144 tiles of 128, half the GPU's slots) ran
-      // at 13 TFLOP/s as 128×128 tiles, and the prefill took 9 ms less with them as 64×64 tiles (the
-      // threshold at 264 instead of 128); a double-buffered 128×128 kernel (32 KiB) ran at 13 TFLOP/s
-      // against this one's 24 at 4096³, and 32×64 tiles for the smallest outputs gained nothing over
-      // 64×64.
+      // multiprocessors, each running two such workgroups), else 64-row × 128-column tiles of
+      // `matmul_wide` (short's 250 / 220-row gate_up, in_proj and k|v|q products; 64×64 tiles until
+      // 2026-12-02). Measured on the H200 (docs/backends.md): long's 2,187 × 1,024 outputs (144 tiles
+      // of 128, half the GPU's slots) ran at 13 TFLOP/s as 128×128 tiles, and the prefill took 9 ms
+      // less with them as 64×64 tiles (the threshold at 264 instead of 128); a double-buffered 128×128
+      // kernel (32 KiB) ran at 13 TFLOP/s against this one's 24 at 4096³, 32×64 tiles for the
+      // smallest outputs gained nothing over 64×64, and 64×128 tiles as 128 invocations with 8×8
+      // blocks ran slower than 64×64 ones at 250 rows.
       const bool large = ceil_div(n, kMatmulTile) * ceil_div(part.cols, kMatmulTile) >= kMatmulMinLargeTiles;
-      const uint64_t tile = large ? kMatmulTile : kMatmulSmallTile;
-      p.tiles_m = u32(ceil_div(part.cols, tile));
-      KEV_TRY(dispatch(kOp, large ? kMatmul : kMatmulSmall, &p, sizeof p, {bx.b, part.bw.b, bb.b, bo.b},
-                       ceil_div(n, tile) * p.tiles_m));
+      p.tiles_m = u32(ceil_div(part.cols, kMatmulTile));
+      KEV_TRY(dispatch(kOp, large ? kMatmul : kMatmulWide, &p, sizeof p, {bx.b, part.bw.b, bb.b, bo.b},
+                       ceil_div(n, large ? kMatmulTile : kMatmulWideRows) * p.tiles_m));
       continue;
     }
     for (int64_t r0 = 0; r0 < n; r0 += chunk_rows) {

@@ -59,10 +59,6 @@ struct Chunk {
   q_at: u32,      // q of key head kh, token 0, dim 0
 }
 
-fn swz(kk: u32, x: u32) -> u32 {
-  return kk * 16u + (x ^ (kk & 7u));
-}
-
 // The left operand of step s at k offset kk, rows 4x .. 4x + 3: q (tokens past cn read token
 // cn − 1 and dims past dk read dk − 1; their products reach only unstored rows or meet zero rows of
 // S_c), then P (Pᵀ row j).

@@ -55,10 +55,6 @@ struct Chunk {
   bb: u32,        // β of value head h, token 0
 }
 
-fn swz(kk: u32, x: u32) -> u32 {
-  return kk * 16u + (x ^ (kk & 7u));
-}
-
 // Rows 4x .. 4x + 3 of T's column j.
 fn load_t(ck: Chunk, j: u32, x: u32) -> vec4<f32> {
   let at = ck.t_at + j * C + 4u * x;

@@ -54,6 +54,13 @@ fn row_offset3(r: u32, s1: u32, s2: u32, st: vec3<u32>) -> u32 {
   return i0 * st.x + i1 * st.y + i2 * st.z;
 }
 
+// Slot of quad x of k row kk in a [16][16 quads] tile whose quads are XOR-swizzled by kk (the GDN
+// tiled kernels' layout): the 16 invocations storing one k row hit distinct banks, and so do those
+// reading one quad column across k rows.
+fn swz(kk: u32, x: u32) -> u32 {
+  return kk * 16u + (x ^ (kk & 7u));
+}
+
 // A 4×4 block of accumulators (the tiled matmul and the GDN output): rj holds block row j, four
 // output columns.
 struct Block4 {

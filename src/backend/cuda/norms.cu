@@ -204,6 +204,37 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) gdn_prep_kernel(GdnPrepAr
   if (i < p.gates.n * p.gates.Hv) gdn_gate(p.gates, i);
 }
 
+// The rms_norm + rope launch (launch_norm_rope): launch_norm's warp-per-row float4 rows (one chunk: d <=
+// kLaneChunk), then RoPE on the row's first n_rot dims (<= 128: lane l's first float4, dims 4l..4l+3)
+// from the registers the norm left: lane l < n_rot/8 holds x_i, lane l + n_rot/8 its partner
+// x_{i+n_rot/2}, one shuffle apart. Row = token · H + head (out is [n, H, d]). rope.cu's arithmetic
+// (rope_cos_sin, rope_low / rope_high), so the bits are those of the two separate launches.
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_kernel(NormArgs a, RopeArgs r) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows_of(a)) return;  // whole warps: the shuffles below see every lane of theirs
+  float4 v[kLaneVecs];
+  int64_t last = 0;
+  norm_vec4_row<NormKind::Rms, false>(a, row, lane, v, last);
+  const int quads = static_cast<int>(r.n_rot / 8);  // lanes per half of the rotated dims
+  const int partner = lane < quads ? lane + quads : lane < 2 * quads ? lane - quads : lane;
+  const float4 p = make_float4(__shfl_sync(0xffffffffu, v[0].x, partner), __shfl_sync(0xffffffffu, v[0].y, partner),
+                               __shfl_sync(0xffffffffu, v[0].z, partner), __shfl_sync(0xffffffffu, v[0].w, partner));
+  if (lane >= 2 * quads) return;
+  const int64_t t = row / r.H;
+  const int64_t pos = r.pos0 + (t - seq_start(r.offsets, r.n_seqs, t));
+  const bool low = lane < quads;
+  const float own[4] = {v[0].x, v[0].y, v[0].z, v[0].w}, other[4] = {p.x, p.y, p.z, p.w};
+  float o[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float cs, sn;
+    rope_cos_sin(pos, 4 * (low ? lane : lane - quads) + e, r.n_rot, r.theta, cs, sn);
+    o[e] = low ? rope_low(own[e], other[e], cs, sn) : rope_high(other[e], own[e], cs, sn);
+  }
+  *reinterpret_cast<float4*>(a.out + row_offset(a.out_rows, row) + 4 * lane) = make_float4(o[0], o[1], o[2], o[3]);
+}
+
 constexpr int kRowThreads = 128, kRowVec = 8;  // wide rows: d / 4 <= kRowThreads · kRowVec
 
 // kAdd: add_rms_norm (the row is x + y, written back through a.sum before the reduction). kHalf: also
@@ -369,6 +400,20 @@ bool gdn_prep_fusable(const GdnPrepArgs& a) {
     blocks += norm_blocks(n);
   }
   return blocks <= INT_MAX;
+}
+
+bool norm_rope_fusable(const NormArgs& a, const RopeArgs& r) {
+  return a.kind == NormKind::Rms && a.half == nullptr && a.d > 0 && a.d <= kLaneChunk &&
+         norm_path(a) == NormPath::Vec4 && a.out_rows.n_outer == 2 && r.x == a.out && r.n_tokens == a.out_rows.shape[0] &&
+         r.H == a.out_rows.shape[1] && r.stride_token == a.out_rows.stride[0] && r.stride_head == a.out_rows.stride[1] &&
+         r.n_rot > 0 && r.n_rot % 8 == 0 && r.n_rot <= 128 && r.n_rot <= a.d && norm_blocks(a) <= INT_MAX;
+}
+
+cudaError_t launch_norm_rope(const NormArgs& a, const RopeArgs& r, cudaStream_t stream) {
+  if (!norm_rope_fusable(a, r)) return cudaErrorInvalidValue;
+  if (a.x_rows.count() == 0) return cudaSuccess;
+  norm_rope_kernel<<<static_cast<unsigned>(norm_blocks(a)), 32 * kWarpsPerBlock, 0, stream>>>(a, r);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_gdn_prep(const GdnPrepArgs& a, cudaStream_t stream) {

@@ -859,12 +859,13 @@ TEST(CudaGdnPrep, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
 // normalises it in place) and ropes an unrelated tensor, which uploads the layout's offsets as a
 // layer's earlier ops would, so that nothing is recorded between the norm and its rope. Cases: k in
 // place on a strided [n, H, 256] view of the projection rows, q from such a view into its own buffer,
-// 6 question rows after a 250-token prefix and a 250-token state pass; and a rotation that must stay
-// apart (n_rot 4, not a multiple of 8).
+// 6 question rows after a 250-token prefix, 40 rows (past the 32 offsets the kernel reads at once) and a
+// 250-token state pass; and a rotation that must stay apart (n_rot 4, not a multiple of 8).
 struct NormRopeCase {
   const char* name;
   int64_t H, hd, n_rot;
-  bool rows, in_place;
+  int rows;  // question rows after a 250-token prefix (6: 37 or 36 tokens each, else 5 each); 0: a state pass
+  bool in_place;
   uint64_t saved;
 };
 
@@ -873,9 +874,9 @@ TEST(CudaNormRope, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
   using testing::make_f32;
   using testing::randn;
   const NormRopeCase cases[] = {
-      {"0.8b k, rows", 2, 256, 64, true, true, 1},    {"0.8b q, rows", 8, 256, 64, true, false, 1},
-      {"4b q, state", 16, 256, 64, false, false, 1}, {"head 128, n_rot 128, state", 4, 128, 128, false, true, 1},
-      {"n_rot 4", 8, 256, 4, true, false, 0},
+      {"0.8b k, rows", 2, 256, 64, 6, true, 1},    {"0.8b q, rows", 8, 256, 64, 6, false, 1},
+      {"4b q, state", 16, 256, 64, 0, false, 1}, {"head 128, n_rot 128, state", 4, 128, 128, 0, true, 1},
+      {"40 rows", 8, 256, 64, 40, false, 1},      {"n_rot 4", 8, 256, 4, 6, false, 0},
   };
   const double theta = 1e7;
   for (const NormRopeCase& c : cases) {
@@ -883,11 +884,12 @@ TEST(CudaNormRope, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
     SeqLayout layout;
     layout.offsets = {0};
     int64_t n = 0;
-    for (int64_t len : c.rows ? std::vector<int64_t>{37, 37, 37, 37, 36, 36} : std::vector<int64_t>{250}) {
-      layout.offsets.push_back(static_cast<int32_t>(n += len));
-    }
-    layout.from_prefix = c.rows;
-    layout.pos0 = c.rows ? 250 : 0;
+    std::vector<int64_t> lens = {250};
+    if (c.rows == 6) lens = {37, 37, 37, 37, 36, 36};
+    if (c.rows > 0 && c.rows != 6) lens.assign(static_cast<size_t>(c.rows), 5);
+    for (int64_t len : lens) layout.offsets.push_back(static_cast<int32_t>(n += len));
+    layout.from_prefix = c.rows > 0;
+    layout.pos0 = c.rows > 0 ? 250 : 0;
     const int64_t H = c.H, hd = c.hd, W = 3 * H * hd;
     auto original = make_f32(*gpu, {n, W}, randn(static_cast<size_t>(n * W), 2.0f, 91));
     auto proj = make_f32(*gpu, {n, W});

@@ -849,6 +849,93 @@ TEST(CudaGdnPrep, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
   }
 }
 
+// ---- an attention layer's rms_norm + rope in one launch ------------------------------------------------
+
+// The q and k rms_norms of an attention layer, each followed by a rope of its output (forward.cpp's
+// attention_layer), run as one launch each (cuda_backend.cpp's join_norm_rope, norms.cu's
+// launch_norm_rope). The output must keep the bits of the two ops as separate launches, which a
+// synchronize() between them forces; the joined pass runs three times (direct, captured, replayed)
+// and must record `saved` commands fewer. Each pass first restores the projection (the k case
+// normalises it in place) and ropes an unrelated tensor, which uploads the layout's offsets as a
+// layer's earlier ops would, so that nothing is recorded between the norm and its rope. Cases: k in
+// place on a strided [n, H, 256] view of the projection rows, q from such a view into its own buffer,
+// 6 question rows after a 250-token prefix, 40 rows (past the 32 offsets the kernel reads at once) and a
+// 250-token state pass; and a rotation that must stay apart (n_rot 4, not a multiple of 8).
+struct NormRopeCase {
+  const char* name;
+  int64_t H, hd, n_rot;
+  int rows;  // question rows after a 250-token prefix (6: 37 or 36 tokens each, else 5 each); 0: a state pass
+  bool in_place;
+  uint64_t saved;
+};
+
+TEST(CudaNormRope, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  using testing::make_f32;
+  using testing::randn;
+  const NormRopeCase cases[] = {
+      {"0.8b k, rows", 2, 256, 64, 6, true, 1},    {"0.8b q, rows", 8, 256, 64, 6, false, 1},
+      {"4b q, state", 16, 256, 64, 0, false, 1}, {"head 128, n_rot 128, state", 4, 128, 128, 0, true, 1},
+      {"40 rows", 8, 256, 64, 40, false, 1},      {"n_rot 4", 8, 256, 4, 6, false, 0},
+  };
+  const double theta = 1e7;
+  for (const NormRopeCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    SeqLayout layout;
+    layout.offsets = {0};
+    int64_t n = 0;
+    std::vector<int64_t> lens = {250};
+    if (c.rows == 6) lens = {37, 37, 37, 37, 36, 36};
+    if (c.rows > 0 && c.rows != 6) lens.assign(static_cast<size_t>(c.rows), 5);
+    for (int64_t len : lens) layout.offsets.push_back(static_cast<int32_t>(n += len));
+    layout.from_prefix = c.rows > 0;
+    layout.pos0 = c.rows > 0 ? 250 : 0;
+    const int64_t H = c.H, hd = c.hd, W = 3 * H * hd;
+    auto original = make_f32(*gpu, {n, W}, randn(static_cast<size_t>(n * W), 2.0f, 91));
+    auto proj = make_f32(*gpu, {n, W});
+    auto w = make_f32(*gpu, {hd}, randn(static_cast<size_t>(hd), 0.3f, 92));
+    auto out = make_f32(*gpu, {n, H, hd});
+    auto other = make_f32(*gpu, {n, 1, 8}, randn(static_cast<size_t>(n * 8), 1.0f, 93));
+    const Tensor src = proj.t.slice(1, H * hd, H * hd).split_last(H);
+    const Tensor dst = c.in_place ? src : out.t;
+    auto ok = [](const Status& st) { EXPECT_TRUE(st.ok()) << st.to_string(); };
+    auto commands = [&] {
+#ifdef KEV_HAVE_CUDA
+      return cuda_graph_stats(*gpu).value().commands;
+#else
+      return uint64_t{0};
+#endif
+    };
+    // Returns the output (the whole projection in place, else out) and the commands the two ops recorded.
+    auto pass = [&](bool apart) {
+      ok(gpu->copy(original.t, proj.t));
+      ok(gpu->rope(other.t, layout, 8, theta));
+      const uint64_t before = commands();
+      ok(gpu->rms_norm(src, w.t, 1e-6f, dst));
+      if (apart) ok(gpu->synchronize());
+      const uint64_t between = commands();
+      ok(gpu->rope(dst, layout, c.n_rot, theta));
+      // Apart, the rope's pass uploads the offsets again: not one of the two ops' commands.
+      const uint64_t recorded = apart ? (between - before) + 1 : commands() - before;
+      return std::make_pair(testing::read_f32(*gpu, c.in_place ? proj.t : out.t), recorded);
+    };
+    const auto [want, separate] = pass(true);
+    size_t nonzero = 0;
+    for (float v : want) nonzero += std::isfinite(v) && v != 0.0f;
+    EXPECT_EQ(nonzero, want.size()) << "every output should be finite and non-zero";
+    for (int run = 0; run < 3; ++run) {
+      const auto [got, joined] = pass(false);
+      ASSERT_EQ(got.size(), want.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+      EXPECT_EQ(differ, 0u) << "run " << run << " (0 direct, 1 captured, 2 replayed)";
+#ifdef KEV_HAVE_CUDA
+      EXPECT_EQ(separate - joined, c.saved) << "run " << run;
+#endif
+    }
+  }
+}
+
 // ---- graph replay -----------------------------------------------------------------------------------
 
 // A small pass touching every recording path: a staged upload, a layout upload, cuBLASLt, and

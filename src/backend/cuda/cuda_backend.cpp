@@ -565,6 +565,7 @@ class CudaBackend final : public Backend {
     CommandSig sig = norm_sig(x, z, w, out, eps, a.scale);
     if (a.z_scales) KEV_TRY(fold_rescale(sig));
     recorder_->record(op, sig, [=](cudaStream_t s) { return launched(cuda::launch_norm(a, s), op); });
+    last_norm_ = LastNorm{a, sig, out, recorder_->pass_serial(), recorder_->recorded()};
     noted_producer(op, std::move(sig), out, [=](uint16_t* xs, float* scales, int group) -> cuda::PassRecorder::Enqueue {
       cuda::NormArgs b = a;
       b.half = xs;
@@ -617,6 +618,28 @@ class CudaBackend final : public Backend {
                                                            : "l2_norm + gdn_gates";
     KEV_TRY(recorder_->replace_last(op, p.sig, [=](cudaStream_t s) { return launched(cuda::launch_gdn_prep(joined, s), op); }));
     last_producer_ = Producer{};  // the norm it noted is no longer the command's only op
+    return true;
+  }
+
+  // An rms_norm recorded just before a rope, in this pass, whose out is exactly the rope's x (the
+  // attention layer's q and k: norm, then RoPE in place) runs with it as one launch (norms.cu's
+  // launch_norm_rope, the bits of the two launches); the joined command is re-recorded with both
+  // signatures (replace_last).
+  Result<bool> join_norm_rope(const Tensor& x, const cuda::RopeArgs& rope, const CommandSig& sig) {
+    const LastNorm& p = last_norm_;
+    if (p.pass != recorder_->pass_serial() || p.recorded != recorder_->recorded() || p.recorded == 0 ||
+        x.rank != 3 || x.shape[2] != p.args.d || !cuda::norm_rope_fusable(p.args, rope)) {
+      return false;
+    }
+    CommandSig joined = p.sig;
+    joined.shape.insert(joined.shape.end(), sig.shape.begin(), sig.shape.end());
+    joined.ptrs.insert(joined.ptrs.end(), sig.ptrs.begin(), sig.ptrs.end());
+    const cuda::NormArgs norm = p.args;
+    constexpr const char* kOp = "rms_norm + rope";
+    KEV_TRY(recorder_->replace_last(
+        kOp, joined, [=](cudaStream_t s) { return launched(cuda::launch_norm_rope(norm, rope, s), kOp); }));
+    last_producer_ = Producer{};  // the norm alone is no longer the command
+    last_norm_ = LastNorm{};
     return true;
   }
 
@@ -779,6 +802,14 @@ class CudaBackend final : public Backend {
     uint64_t pass = 0, recorded = 0;
   };
   GdnPrep last_prep_;
+  // The last norm command, and when (see join_norm_rope()).
+  struct LastNorm {
+    cuda::NormArgs args;
+    CommandSig sig;
+    Tensor out;
+    uint64_t pass = 0, recorded = 0;
+  };
+  LastNorm last_norm_;
   // The last F16-weight matmul without bias, and when: the op recorded right after it may take over its
   // row rescale (pending_rescale(), fold_rescale()).
   struct ScaledMatmul {
@@ -1060,6 +1091,8 @@ Status CudaBackend::rope(const Tensor& x, const SeqLayout& layout, int64_t n_rot
   sig_tensor(sig, x);
   sig.word(n_rot, theta, layout.pos0, layout.n_seqs());
   sig.ptr(offsets);
+  KEV_ASSIGN_OR_RETURN(const bool joined, join_norm_rope(x, a, sig));
+  if (joined) return Status::success();
   recorder_->record(kOp, sig, [=](cudaStream_t s) { return launched(cuda::launch_rope(a, s), kOp); });
   return Status::success();
 }

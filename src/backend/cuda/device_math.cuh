@@ -85,6 +85,20 @@ __device__ __forceinline__ int32_t seq_start(const int32_t* offsets, int n_seqs,
   return offsets[seq_index(offsets, n_seqs, t)];
 }
 
+// RoPE (rope.cu, and the rms_norm + rope launch in norms.cu, which must keep rope.cu's bits): the cos and
+// sin of φ_i = pos · θ^(−2i/n_rot), computed in double (positions reach 10^5, where an FP32 angle is off
+// by ~10^-2 rad), and the rotation of the pair (x0, x1) = (x_i, x_{i+n_rot/2}) by φ_i.
+__device__ __forceinline__ void rope_cos_sin(int64_t pos, int64_t i, int64_t n_rot, double theta, float& cs,
+                                             float& sn) {
+  const double phi = static_cast<double>(pos) * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
+  double s, c;
+  sincos(phi, &s, &c);
+  cs = static_cast<float>(c);
+  sn = static_cast<float>(s);
+}
+__device__ __forceinline__ float rope_low(float x0, float x1, float cs, float sn) { return x0 * cs - x1 * sn; }
+__device__ __forceinline__ float rope_high(float x0, float x1, float cs, float sn) { return x1 * cs + x0 * sn; }
+
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {

@@ -159,6 +159,11 @@ struct RopeArgs {
   int n_seqs = 0;
 };
 cudaError_t launch_rope(const RopeArgs& a, cudaStream_t stream);
+// norms.cu. An rms_norm whose out is the [n, H, d] x of the rope recorded right after it, as one launch
+// with the bits of the two: norm_rope_fusable says whether it takes them (warp-per-row float4 path
+// without a half copy, d <= 256, n_rot a multiple of 8 up to 128, rope over exactly the norm's out).
+bool norm_rope_fusable(const NormArgs& norm, const RopeArgs& rope);
+cudaError_t launch_norm_rope(const NormArgs& norm, const RopeArgs& rope, cudaStream_t stream);
 
 // pointer_head.cu. out[j] = (kappa[j] · u[question[j]]) · scale.
 cudaError_t launch_pointer_logits(const float* u, int64_t u_stride, int64_t Q, const float* kappa,

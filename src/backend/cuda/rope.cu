@@ -3,8 +3,9 @@
 //   pos = pos0 + (t − offsets[r]) for token t of sequence r;  φ_i = pos · θ^(−2i/n_rot), i < n_rot/2;
 //   (x_i, x_{i+n_rot/2}) ← (x_i cos φ_i − x_{i+n_rot/2} sin φ_i, x_{i+n_rot/2} cos φ_i + x_i sin φ_i).
 //
-// The angle and its cos/sin are computed in double, as the CPU does: positions reach 10^5 and an FP32
-// angle of that size has an absolute error near 10^-2 rad.
+// The angle and its cos/sin are computed in double, as the CPU does (device_math.cuh's rope_cos_sin).
+// An rms_norm recorded right before a rope of its output runs as one launch (norms.cu's
+// launch_norm_rope, the same arithmetic); this kernel serves every other rope.
 // Layout: x [n, H, hd], token and head strides free, innermost contiguous; dims >= n_rot untouched.
 // Launch: one thread per (token, group of kHeads = 4 heads, i < n_rot/2), i fastest (a warp's loads
 // are contiguous within a head), 128 per block (grid.x = ceil(n·ceil(H/4)·n_rot/2 / 128)); the thread
@@ -36,14 +37,11 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
     if (h0 + u < a.H) x0[u] = p[u][0], x1[u] = p[u][half];
   }
   const int64_t pos = a.pos0 + (t - seq_start(a.offsets, a.n_seqs, t));
-  const double phi =
-      static_cast<double>(pos) * pow(a.theta, -2.0 * static_cast<double>(i) / static_cast<double>(a.n_rot));
-  double s, c;
-  sincos(phi, &s, &c);
-  const float cs = static_cast<float>(c), sn = static_cast<float>(s);
+  float cs, sn;
+  rope_cos_sin(pos, i, a.n_rot, a.theta, cs, sn);
 #pragma unroll
   for (int u = 0; u < kHeads; ++u) {
-    if (h0 + u < a.H) p[u][0] = x0[u] * cs - x1[u] * sn, p[u][half] = x1[u] * cs + x0[u] * sn;
+    if (h0 + u < a.H) p[u][0] = rope_low(x0[u], x1[u], cs, sn), p[u][half] = rope_high(x0[u], x1[u], cs, sn);
   }
 }
 

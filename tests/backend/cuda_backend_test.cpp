@@ -849,6 +849,105 @@ TEST(CudaGdnPrep, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
   }
 }
 
+// The conv before them joins that launch too (causal_conv1d.cu's launch_conv_gdn_prep: the conv's run
+// kernel normalises the q and k heads it just computed, in registers, and runs the gates and state_out
+// in blocks of its own). Every output (the conv's out and state_out, q, k, beta, g) must keep the bits of
+// the four ops as separate launches. Operands as the forward passes them: qkv, b and α columns of one
+// projection output, q̂ and k̂ head views of the conv's out. Cases: the 0.8b (Hk = Hv = 16) and 4b
+// (Hv = 32) shapes with dk = dv = 128 for the question rows (6 packed rows from a prefix conv state,
+// 220 tokens) and the prefill (250 tokens from zero, with state_out), a 1,100-token prefill (the
+// 16-token runs), and a state_out over state_in, which must keep the conv apart (the fused launch would
+// overwrite the prefix while other blocks read it): only the norms and gates join.
+struct ConvPrepCase {
+  const char* name;
+  int64_t Hk, Hv;
+  std::vector<int64_t> seqs;
+  bool prefix, state_out, in_place;  // in_place: state_out is state_in itself
+  uint64_t saved;
+};
+
+TEST(CudaGdnPrep, ConvJoinKeepsTheBitsOfSeparateLaunches) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  using testing::make_f32;
+  using testing::randn;
+  const std::vector<int64_t> rows = {37, 37, 36, 37, 37, 36};
+  const ConvPrepCase cases[] = {
+      {"0.8b rows", 16, 16, rows, true, false, false, 3},
+      {"0.8b prefill", 16, 16, {250}, false, true, false, 3},
+      {"4b rows", 16, 32, rows, true, false, false, 3},
+      {"4b prefill", 16, 32, {250}, false, true, false, 3},
+      {"0.8b long prefill", 16, 16, {1100}, false, true, false, 3},
+      {"state_out over state_in", 16, 16, {40}, true, true, true, 2},
+  };
+  constexpr int64_t dk = 128, dv = 128, K = 4;
+  for (const ConvPrepCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    int64_t n = 0;
+    for (int64_t len : c.seqs) n += len;
+    const int64_t Hk = c.Hk, Hv = c.Hv, C = 2 * Hk * dk + Hv * dv, P = C + Hv * dv + 2 * Hv;
+    const SeqLayout layout = layout_of(c.seqs, 0, c.prefix);
+    auto proj = make_f32(*gpu, {n, P}, randn(static_cast<size_t>(n * P), 1.0f, 91));
+    auto w = make_f32(*gpu, {C, K}, randn(static_cast<size_t>(C * K), 0.5f, 92));
+    const std::vector<float> state0 = randn(static_cast<size_t>(C * K), 1.0f, 93);
+    auto state = make_f32(*gpu, {C, K}, state0), state_out = make_f32(*gpu, {C, K});
+    auto a_log = make_f32(*gpu, {Hv}, randn(static_cast<size_t>(Hv), 0.5f, 94));
+    auto dt_bias = make_f32(*gpu, {Hv}, randn(static_cast<size_t>(Hv), 0.5f, 95));
+    auto conv = make_f32(*gpu, {n, C});
+    auto q = make_f32(*gpu, {n, Hk, dk}), k = make_f32(*gpu, {n, Hk, dk});
+    auto beta = make_f32(*gpu, {n, Hv}), g = make_f32(*gpu, {n, Hv});
+    const Tensor qkv = proj.t.slice(1, 0, C);
+    const Tensor b = proj.t.slice(1, C + Hv * dv, Hv), alpha = proj.t.slice(1, C + Hv * dv + Hv, Hv);
+    const Tensor q_hat = conv.t.slice(1, 0, Hk * dk).split_last(Hk);
+    const Tensor k_hat = conv.t.slice(1, Hk * dk, Hk * dk).split_last(Hk);
+    const Tensor s_in = c.prefix ? state.t : Tensor{};
+    const Tensor s_out = !c.state_out ? Tensor{} : c.in_place ? state.t : state_out.t;
+    const float q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
+    auto ok = [](const Status& st) { EXPECT_TRUE(st.ok()) << st.to_string(); };
+    auto commands = [&] {
+#ifdef KEV_HAVE_CUDA
+      return cuda_graph_stats(*gpu).value().commands;
+#else
+      return uint64_t{0};
+#endif
+    };
+    // Returns conv, q, k, beta, g and state_out, and the commands the four ops recorded.
+    auto pass = [&](bool apart) {
+      ok(gpu->upload(state.t, state0.data(), state0.size() * 4));  // state_out over state_in changes it
+      const uint64_t before = commands();
+      ok(gpu->causal_conv1d_silu(qkv, w.t, s_in, layout, conv.t, s_out));
+      if (apart) ok(gpu->synchronize());
+      ok(gpu->l2_norm(q_hat, 1e-6f, q_scale, q.t));
+      if (apart) ok(gpu->synchronize());
+      ok(gpu->l2_norm(k_hat, 1e-6f, 1.0f, k.t));
+      if (apart) ok(gpu->synchronize());
+      ok(gpu->gdn_gates(b, alpha, a_log.t, dt_bias.t, beta.t, g.t));
+      const uint64_t recorded = commands() - before;
+      std::vector<float> all;
+      const Tensor* outs[] = {&conv.t, &q.t, &k.t, &beta.t, &g.t, &s_out};
+      for (const Tensor* t : outs) {
+        if (t->empty()) continue;
+        const std::vector<float> v = testing::read_f32(*gpu, *t);
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      return std::make_pair(all, recorded);
+    };
+    const auto [want, separate] = pass(true);
+    size_t nonzero = 0;
+    for (float v : want) nonzero += std::isfinite(v) && v != 0.0f;
+    EXPECT_EQ(nonzero, want.size()) << "every output should be finite and non-zero";
+    for (int run = 0; run < 3; ++run) {
+      const auto [got, joined] = pass(false);
+      ASSERT_EQ(got.size(), want.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+      EXPECT_EQ(differ, 0u) << "run " << run << " (0 direct, 1 captured, 2 replayed)";
+#ifdef KEV_HAVE_CUDA
+      EXPECT_EQ(separate - joined, c.saved) << "run " << run;
+#endif
+    }
+  }
+}
+
 // ---- graph replay -----------------------------------------------------------------------------------
 
 // A small pass touching every recording path: a staged upload, a layout upload, cuBLASLt, and

@@ -576,22 +576,18 @@ class CudaBackend final : public Backend {
     return Status::success();
   }
 
-  // A Gated DeltaNet layer's causal_conv1d_silu, l2_norm (q, k) and gdn_gates ops, recorded back to back,
-  // run as one launch (norms.cu's launch_gdn_prep, the bits of separate launches): an l2_norm or
-  // gdn_gates op joins the command recorded just before it in this pass when that command is such a
-  // launch (or the conv alone) with room for it (two norms, one gates), the fused kernel takes it
-  // (cuda::gdn_prep_fusable) and it is independent of the ops already there, which it would run
-  // alongside: it writes nothing they read or write and reads nothing they write — except that a norm
-  // joining the conv reads the conv's output, which the fused kernel hands over in registers
-  // (gdn_prep_fusable checked that x is exactly heads of it). The joined command is re-recorded with
-  // both signatures (replace_last).
+  // A Gated DeltaNet layer's l2_norm (q, k) and gdn_gates ops, recorded back to back, run as one launch
+  // (norms.cu's launch_gdn_prep, the bits of separate launches): an op of that kind joins the command
+  // recorded just before it in this pass when that command is such a launch with room for it (two
+  // norms, one gates), the fused kernel takes it (cuda::gdn_prep_fusable) and it is independent of the
+  // ops already there, which it would run alongside: it writes nothing they read or write and reads
+  // nothing they write. The joined command is re-recorded with both signatures (replace_last).
   Result<bool> join_gdn_prep(const cuda::GdnPrepArgs& part, const CommandSig& sig, std::initializer_list<Tensor> reads,
                              std::initializer_list<Tensor> writes) {
     GdnPrep& p = last_prep_;
     if (p.pass != recorder_->pass_serial() || p.recorded != recorder_->recorded() || p.recorded == 0) return false;
     cuda::GdnPrepArgs joined = p.args;
-    const bool norm = part.n_norms > 0;
-    if (norm) {
+    if (part.n_norms > 0) {
       if (joined.n_norms == 2) return false;
       joined.norms[joined.n_norms++] = part.norms[0];
     } else {
@@ -607,9 +603,8 @@ class CudaBackend final : public Backend {
       }
     }
     for (const Tensor& r : reads) {
-      for (size_t i = 0; i < p.writes.size(); ++i) {
-        const bool handed_over = joined.with_conv && norm && i == 0;  // writes[0]: the conv's out
-        if (!handed_over && !disjoint(r, p.writes[i])) return false;
+      for (const Tensor& t : p.writes) {
+        if (!disjoint(r, t)) return false;
       }
     }
     p.args = joined;
@@ -617,24 +612,15 @@ class CudaBackend final : public Backend {
     p.sig.ptrs.insert(p.sig.ptrs.end(), sig.ptrs.begin(), sig.ptrs.end());
     p.reads.insert(p.reads.end(), reads);
     p.writes.insert(p.writes.end(), writes);
-    const char* op = gdn_prep_label(joined);
+    const char* op = joined.gates.n * joined.gates.Hv == 0 ? "l2_norm x2"
+                     : joined.n_norms == 2                 ? "l2_norm x2 + gdn_gates"
+                                                           : "l2_norm + gdn_gates";
     KEV_TRY(recorder_->replace_last(op, p.sig, [=](cudaStream_t s) { return launched(cuda::launch_gdn_prep(joined, s), op); }));
     last_producer_ = Producer{};  // the norm it noted is no longer the command's only op
     return true;
   }
 
-  // The trace's name of a joined GDN prep command.
-  static const char* gdn_prep_label(const cuda::GdnPrepArgs& a) {
-    static const char* const kLabels[2][3][2] = {
-        {{"", "gdn_gates"}, {"l2_norm", "l2_norm + gdn_gates"}, {"l2_norm x2", "l2_norm x2 + gdn_gates"}},
-        {{"causal_conv1d_silu", "causal_conv1d_silu + gdn_gates"},
-         {"causal_conv1d_silu + l2_norm", "causal_conv1d_silu + l2_norm + gdn_gates"},
-         {"causal_conv1d_silu + l2_norm x2", "causal_conv1d_silu + l2_norm x2 + gdn_gates"}}};
-    return kLabels[a.with_conv ? 1 : 0][a.n_norms][a.gates.n * a.gates.Hv > 0 ? 1 : 0];
-  }
-
-  // Notes the conv, l2_norm or gdn_gates just recorded on its own as a command the next l2_norm or
-  // gdn_gates may join (the conv: its out first in `writes`).
+  // Notes the l2_norm or gdn_gates just recorded on its own as a command the next such op may join.
   void note_gdn_prep(const cuda::GdnPrepArgs& part, CommandSig sig, std::initializer_list<Tensor> reads,
                      std::initializer_list<Tensor> writes) {
     if (!cuda::gdn_prep_fusable(part)) {
@@ -785,8 +771,7 @@ class CudaBackend final : public Backend {
   // The last command recorded that could write a matmul's FP16 input, and when (see
   // producer_writes_matmul_input()).
   Producer last_producer_;
-  // The last causal_conv1d_silu / l2_norm / gdn_gates command (alone or joined), and when (see
-  // join_gdn_prep()).
+  // The last l2_norm / gdn_gates command (alone or joined), and when (see join_gdn_prep()).
   struct GdnPrep {
     cuda::GdnPrepArgs args;
     CommandSig sig;
@@ -954,11 +939,6 @@ Status CudaBackend::causal_conv1d_silu(const Tensor& x, const Tensor& w, const T
   sig.word(layout.n_seqs(), layout.from_prefix);
   sig.ptr(offsets);
   recorder_->record(kOp, sig, [=](cudaStream_t s) { return launched(cuda::launch_causal_conv1d_silu(a, s), kOp); });
-  cuda::GdnPrepArgs part;
-  part.with_conv = true;
-  part.conv = a;
-  const Tensor prefix = layout.from_prefix ? state_in : Tensor{};
-  note_gdn_prep(part, std::move(sig), {x, w, prefix}, {out, state_out});
   return Status::success();
 }
 

@@ -1,7 +1,7 @@
 // Helpers shared by the CUDA backend's kernels: overflow-free activations (the same forms as the
 // CPU's vec.h), warp sums, strided row addressing, sequence lookup in a packed layout, bit-exact BF16
 // conversion (round to nearest even, NaN kept quiet — as common/bf16.h), the GDN gates of one (token,
-// head), the float4 L2 norm's arithmetic, and the launchers' host-side alignment checks.
+// head), and the launchers' host-side alignment checks.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,16 +36,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-
-// The float4 L2 norm's arithmetic, in one place for norms.cu's warp-per-row kernels and the conv's fused
-// GDN prep (causal_conv1d.cu), which must give the same bits: a lane adds the squares of each float4 it
-// holds, in order, to its partial sum; the warp's total (warp_sum) gives the row's factor; each value is
-// multiplied by it.
-__device__ __forceinline__ float sum_squares(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
-
-__device__ __forceinline__ float l2_factor(float ss, float scale, float eps) { return scale / sqrtf(ss + eps); }
-
-__device__ __forceinline__ float4 scaled(float4 v, float f) { return make_float4(v.x * f, v.y * f, v.z * f, v.w * f); }
 
 // Host side, for the launchers' vector-path choice: 16-byte alignment of a base pointer, and row
 // strides that keep every row of a view float4-aligned.

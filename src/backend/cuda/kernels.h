@@ -71,44 +71,19 @@ struct GatesArgs {
 };
 cudaError_t launch_gdn_gates(const GatesArgs& a, cudaStream_t stream);
 
-// causal_conv1d.cu. prefix (= state_in or null), state_out optional (single sequence).
-struct ConvArgs {
-  const float* x = nullptr;
-  int64_t x_stride = 0;
-  const float* w = nullptr;       // [C, K]
-  const float* prefix = nullptr;  // [C, K] or null (zeros)
-  float* out = nullptr;
-  int64_t out_stride = 0;
-  float* state_out = nullptr;       // [C, K] or null
-  const int32_t* offsets = nullptr;  // device [n_seqs + 1]
-  int64_t n_tokens = 0, C = 0, K = 0;
-  int n_seqs = 0;
-};
-cudaError_t launch_causal_conv1d_silu(const ConvArgs& a, cudaStream_t stream);
-
-// norms.cu: a Gated DeltaNet layer's small ops around the delta rule's inputs (its causal conv, its q
-// and k l2 norms, its gates) in one launch when they are recorded back to back: up to two l2 norms,
+// norms.cu: a Gated DeltaNet layer's small ops before the delta rule (its q and k l2 norms, its gates)
+// in one launch when they are recorded back to back and independent of each other: up to two l2 norms,
 // each computed exactly as launch_norm computes it (float4 path, no half copy), and the gates (n = 0:
-// none) exactly as launch_gdn_gates computes them; with_conv: also the conv, exactly as
-// launch_causal_conv1d_silu computes it (causal_conv1d.cu's run kernel), the norms then reading heads of
-// its output (see conv_gdn_prep_fusable). Without the conv the ops are independent of each other.
+// none) exactly as launch_gdn_gates computes them.
 struct GdnPrepArgs {
-  bool with_conv = false;
-  ConvArgs conv;
   NormArgs norms[2];
   int n_norms = 0;
   GatesArgs gates;
 };
 // Whether launch_gdn_prep takes these ops (every norm an l2 norm on launch_norm's float4 path without
-// a half copy; the grid within limits; with_conv: conv_gdn_prep_fusable).
+// a half copy; the grid within limits).
 bool gdn_prep_fusable(const GdnPrepArgs& a);
 cudaError_t launch_gdn_prep(const GdnPrepArgs& a, cudaStream_t stream);
-// causal_conv1d.cu, the with_conv case: the conv on its float4 run kernel (K <= 4) over n_tokens > 0;
-// every norm's x exactly heads [h0, h0 + H) of conv.out with head_dim 128 (x rows [n_tokens, H] with
-// strides (out_stride, 128), h0·128 + H·128 <= C), its out float4-aligned; state_out, if any, not
-// overlapping the prefix (the launch writes it while other blocks read the prefix).
-bool conv_gdn_prep_fusable(const GdnPrepArgs& a);
-cudaError_t launch_conv_gdn_prep(const GdnPrepArgs& a, cudaStream_t stream);
 
 // elementwise.cu. Binary maps and copy index the flattened [rows, d] space with 32 bits, so they take
 // fewer than kMaxElementwise elements (a launch with more returns cudaErrorInvalidValue).
@@ -156,6 +131,21 @@ cudaError_t launch_scale_bias_rows(float* out, int64_t ldo, const float* scales,
 // out[i, :] (row stride ldo) = s[i, :] + s[n + i, :] (+ bias) for a split-input GEMM's s [2n, m].
 cudaError_t launch_split_sum_rows(const float* s, int64_t n, int64_t m, const float* bias, float* out, int64_t ldo,
                                   cudaStream_t stream);
+
+// causal_conv1d.cu. prefix (= state_in or null), state_out optional (single sequence).
+struct ConvArgs {
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  const float* w = nullptr;       // [C, K]
+  const float* prefix = nullptr;  // [C, K] or null (zeros)
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  float* state_out = nullptr;       // [C, K] or null
+  const int32_t* offsets = nullptr;  // device [n_seqs + 1]
+  int64_t n_tokens = 0, C = 0, K = 0;
+  int n_seqs = 0;
+};
+cudaError_t launch_causal_conv1d_silu(const ConvArgs& a, cudaStream_t stream);
 
 // rope.cu. x [n, H, hd] with token stride xs0 and head stride xs1, in place on dims [0, n_rot).
 struct RopeArgs {

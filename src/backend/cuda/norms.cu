@@ -38,8 +38,7 @@
 // gdn_gates, recorded back to back and independent of each other, into one command): one launch of
 // 128-thread blocks, first the blocks the standalone float4 L2 launches would run (4 rows each, the same
 // row code), then one thread per (token, head) gate pair (device_math.cuh's gdn_gate, as elementwise.cu's
-// kernel), so every value has the bits of the separate launches, with two launches fewer. When the layer's
-// causal conv joins too (GdnPrepArgs::with_conv), causal_conv1d.cu runs the whole launch.
+// kernel), so every value has the bits of the separate launches, with two launches fewer.
 // add_rms_norm right after the F16-weight matmul that wrote y (NormArgs::z_scales): every path
 // multiplies y's row r by z_scales[r] as it reads it and stores the product back into y where the
 // scale is not 1 (f16_rows.cuh); the lane that reads an element of y is the one that writes it.
@@ -72,7 +71,7 @@ __device__ __forceinline__ float4 norm_out(float4 v, float f, float4 w, float4 z
   if constexpr (kKind == NormKind::Rms || kKind == NormKind::AddRms) {
     return make_float4(v.x * f * (1.0f + w.x), v.y * f * (1.0f + w.y), v.z * f * (1.0f + w.z), v.w * f * (1.0f + w.w));
   } else if constexpr (kKind == NormKind::L2) {
-    return scaled(v, f);
+    return make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
   } else {
     return make_float4(w.x * (v.x * f) * siluf(z.x), w.y * (v.y * f) * siluf(z.y), w.z * (v.z * f) * siluf(z.z),
                        w.w * (v.w * f) * siluf(z.w));
@@ -120,14 +119,14 @@ __device__ __forceinline__ float norm_vec4_row(const NormArgs& a, int64_t row, i
           v[u] = add4(v[u], y);
           *reinterpret_cast<float4*>(sum + j) = v[u];
         }
-        ss += sum_squares(v[u]);
+        ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
       }
     }
     if (base + kLaneChunk >= a.d) break;
   }
   ss = warp_sum(ss);
   const float f =
-      kKind == NormKind::L2 ? l2_factor(ss, a.scale, a.eps) : 1.0f / sqrtf(ss / static_cast<float>(a.d) + a.eps);
+      kKind == NormKind::L2 ? a.scale / sqrtf(ss + a.eps) : 1.0f / sqrtf(ss / static_cast<float>(a.d) + a.eps);
   float mx = 0.0f;
   auto emit = [&](int64_t b, float4(&o)[kLaneVecs]) {
 #pragma unroll
@@ -240,7 +239,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
         v[u] = add4(v[u], yv[u]);
         *reinterpret_cast<float4*>(a.sum + x_off + 4 * j) = v[u];
       }
-      ss += sum_squares(v[u]);
+      ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
     }
   }
   __shared__ float part[kRowThreads / 32];
@@ -362,7 +361,6 @@ bool norm_writes_half(const NormArgs& a) {
 }
 
 bool gdn_prep_fusable(const GdnPrepArgs& a) {
-  if (a.with_conv) return conv_gdn_prep_fusable(a);
   if (a.n_norms < 0 || a.n_norms > 2) return false;
   int64_t blocks = (a.gates.n * a.gates.Hv + kGateThreads - 1) / kGateThreads;
   for (int i = 0; i < a.n_norms; ++i) {
@@ -374,7 +372,6 @@ bool gdn_prep_fusable(const GdnPrepArgs& a) {
 }
 
 cudaError_t launch_gdn_prep(const GdnPrepArgs& a, cudaStream_t stream) {
-  if (a.with_conv) return launch_conv_gdn_prep(a, stream);
   if (!gdn_prep_fusable(a)) return cudaErrorInvalidValue;
   const int64_t nb0 = a.n_norms > 0 ? norm_blocks(a.norms[0]) : 0, nb1 = a.n_norms > 1 ? norm_blocks(a.norms[1]) : 0;
   const int64_t blocks = nb0 + nb1 + (a.gates.n * a.gates.Hv + kGateThreads - 1) / kGateThreads;

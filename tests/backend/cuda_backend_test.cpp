@@ -91,6 +91,12 @@ struct GdnShape {
 constexpr GdnShape kTiny{2, 4, 32, 32, "tiny"};
 constexpr GdnShape k08b{16, 16, 128, 128, "0.8b"};
 constexpr GdnShape k4b{16, 32, 128, 128, "4b"};
+// Question rows take the rows kernels only when the recurrence's grid, ceil(dv / 32)·Hv·rows blocks,
+// exceeds four per SM (gated_delta_rule.cu, rows_pass); these shapes have over 1,000 with 3 to 5 rows,
+// enough up to ~250 SMs. kRowsOddDv: dv % 4 != 0, the kernels' scalar paths.
+constexpr GdnShape kRowsTiny{2, 256, 32, 32, "rows_tiny"};
+constexpr GdnShape kRowsDkDv{1, 192, 32, 48, "rows_dk!=dv"};
+constexpr GdnShape kRowsOddDv{2, 384, 64, 6, "rows_odd_dv"};
 
 // v is passed as in the forward: a [n,Hv,dv] view with heads contiguous inside a wider token row
 // (the conv output holds q, k and v side by side), built from a padded [n, Hv·dv] operand.
@@ -255,9 +261,15 @@ const std::vector<OpCase>& cuda_extra_cases() {
     c.push_back(gdn_case(k08b, {1, 63, 64, 65, 130, 200}, true, false));
     c.push_back(gdn_case(kTiny, {1, 63, 64, 65, 130, 200}, false, false));
     c.push_back(gdn_case(k4b, {130}, true, true, true));
-    // Every sequence within one chunk: the kernel variant without the chunk-ahead fetch.
+    // Every sequence within one chunk, no state_out: the rows kernels (4B, 6 rows: 768 recurrence blocks)
+    // or, with fewer blocks, the recurrence variant without the chunk-ahead fetch (0.8B, 4 rows; as with
+    // state_out, one sequence of at most 64 tokens: T = 1, 63, 64 above).
     c.push_back(gdn_case(k4b, {37, 37, 37, 37, 36, 36}, true, false));
     c.push_back(gdn_case(k08b, {20, 64, 1, 33}, true, false));
+    c.push_back(gdn_case(k4b, {37, 37, 37, 37, 36, 36}, true, false, true));
+    c.push_back(gdn_case(kRowsTiny, {20, 64, 0, 1, 33}, false, false));
+    c.push_back(gdn_case(kRowsDkDv, {5, 64, 40}, true, false));
+    c.push_back(gdn_case(kRowsOddDv, {17, 0, 64, 3}, true, false));
     c.push_back(gdn_case(kTiny, {200}, true, true, true));
     // The conv kernels' other paths: one channel per thread (C % 4 != 0; an odd row stride), K other
     // than 4, sequences of every length around K and an empty one packed together; passes of 1,024

@@ -29,9 +29,10 @@ struct GdnArgs {
   float* state_out = nullptr;       // [Hv, dk, dv] or null; only when n_seqs == 1
   const int32_t* offsets = nullptr;  // device [n_seqs + 1]
   int n_seqs = 0, n_tokens = 0, Hk = 0, Hv = 0, dk = 0, dv = 0;
-  // Every sequence has at most kGdnChunkTokens tokens (one chunk; Kev's question rows): selects the kernel variant
-  // without the chunk-ahead prefetch, two blocks per SM. Only speed depends on it, not the result, but
-  // a recorded pass must keep it in its signature (it picks the kernel).
+  // Every sequence has at most kGdnChunkTokens tokens (one chunk; Kev's question rows): selects the rows
+  // kernels (without state_out) or the recurrence variant without the chunk-ahead prefetch (with it).
+  // Only speed depends on it, not the result, but a recorded pass must keep it in its signature (it
+  // picks the kernels and the workspace size).
   bool short_seqs = false;
 };
 
@@ -47,7 +48,7 @@ cudaError_t launch_gated_delta_rule(const GdnArgs& a, void* workspace, cudaStrea
 // Hk >= 1 divides Hv, Hv <= 65535. The launch additionally needs 1 <= n_seqs <= 65535 and state_out
 // only with n_seqs == 1 (cudaErrorInvalidValue otherwise). Any strides and alignment are accepted
 // (float4 accesses when aligned). The workspace (gated_delta_rule_workspace_bytes, 16-byte aligned) holds
-// the chunk products.
+// the chunk products (question rows: Q̃, see gated_delta_rule.cu).
 bool gated_delta_rule_supported(int Hk, int Hv, int dk, int dv);
 
 }  // namespace kev::cuda

@@ -781,6 +781,32 @@ TEST(CudaMatmul, ConsumerTakingOverTheRowRescaleKeepsTheBits) {
   }
 }
 
+// ---- ops joined into one launch -------------------------------------------------------------------------
+
+// pass(apart) runs the ops (apart: a synchronize() between them, so each is its own launch) and returns
+// their outputs and the commands they recorded. The joined pass runs three times (direct, captured,
+// replayed): its outputs must keep every bit of the separate launches' (all finite and non-zero) and it
+// must record `saved` commands fewer.
+template <class Pass>
+void expect_joined_keeps_bits(Pass pass, uint64_t saved) {
+  const auto [want, separate] = pass(true);
+  size_t nonzero = 0;
+  for (float v : want) nonzero += std::isfinite(v) && v != 0.0f;
+  EXPECT_EQ(nonzero, want.size()) << "every output should be finite and non-zero";
+  for (int run = 0; run < 3; ++run) {
+    const auto [got, joined] = pass(false);
+    ASSERT_EQ(got.size(), want.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+    EXPECT_EQ(differ, 0u) << "run " << run << " (0 direct, 1 captured, 2 replayed)";
+#ifdef KEV_HAVE_CUDA
+    EXPECT_EQ(separate - joined, saved) << "run " << run;
+#else
+    (void)separate, (void)joined, (void)saved;
+#endif
+  }
+}
+
 // ---- a GDN layer's l2 norms and gates in one launch ----------------------------------------------------
 
 // A Gated DeltaNet layer's q and k l2 norms and its gates, recorded back to back, run as one launch
@@ -844,20 +870,7 @@ TEST(CudaGdnPrep, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
       }
       return std::make_pair(all, recorded);
     };
-    const auto [want, separate] = pass(true);
-    size_t nonzero = 0;
-    for (float v : want) nonzero += std::isfinite(v) && v != 0.0f;
-    EXPECT_EQ(nonzero, want.size()) << "every output should be finite and non-zero";
-    for (int run = 0; run < 3; ++run) {
-      const auto [got, joined] = pass(false);
-      ASSERT_EQ(got.size(), want.size());
-      size_t differ = 0;
-      for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
-      EXPECT_EQ(differ, 0u) << "run " << run << " (0 direct, 1 captured, 2 replayed)";
-#ifdef KEV_HAVE_CUDA
-      EXPECT_EQ(separate - joined, c.saved) << "run " << run;
-#endif
-    }
+    expect_joined_keeps_bits(pass, c.saved);
   }
 }
 
@@ -931,20 +944,7 @@ TEST(CudaNormRope, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
       const uint64_t recorded = apart ? (between - before) + 1 : commands() - before;
       return std::make_pair(testing::read_f32(*gpu, c.in_place ? proj.t : out.t), recorded);
     };
-    const auto [want, separate] = pass(true);
-    size_t nonzero = 0;
-    for (float v : want) nonzero += std::isfinite(v) && v != 0.0f;
-    EXPECT_EQ(nonzero, want.size()) << "every output should be finite and non-zero";
-    for (int run = 0; run < 3; ++run) {
-      const auto [got, joined] = pass(false);
-      ASSERT_EQ(got.size(), want.size());
-      size_t differ = 0;
-      for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
-      EXPECT_EQ(differ, 0u) << "run " << run << " (0 direct, 1 captured, 2 replayed)";
-#ifdef KEV_HAVE_CUDA
-      EXPECT_EQ(separate - joined, c.saved) << "run " << run;
-#endif
-    }
+    expect_joined_keeps_bits(pass, c.saved);
   }
 }
 

@@ -163,6 +163,9 @@ struct BackendOptions {
   // softmax and accumulation) instead of 3xTF32. The engine sets it for bf16 exports in the f16 and
   // bf16 GEMM modes, whose projections already round their inputs to 16 bits (docs/numerics.md).
   bool cuda_attention_f16 = false;
+  // CUDA: F16-weight GEMMs of at most 256 rows on sm_90 through the hand-written small-n kernel
+  // (gemm_f16_small.cu) instead of cuBLASLt; off is the tests' and timings' cuBLASLt yardstick.
+  bool cuda_small_gemm = true;
   std::string adapter;          // WebGPU: adapter name substring or type ("discrete", "cpu", ...); empty = default
   bool webgpu_f16 = false;      // WebGPU: F16 kernels where the adapter has shader-f16 (FP32 otherwise)
   // Only supports() is needed (kev_export's op audit): succeed without a device, answering for the

@@ -488,12 +488,14 @@ TEST(CudaMatmul, F16InputsKeepEveryRowsMagnitude) {
 
 // ---- the small-n F16 GEMM (gemm_f16_small.cu) ---------------------------------------------------------
 
-// The CUDA backend with the small-n F16 GEMM off: cuBLASLt for every GEMM (the yardstick).
-std::shared_ptr<Backend> cuda_backend_cublaslt() {
-  static std::shared_ptr<Backend> b;
+// The CUDA backend with the small-n F16 GEMM off (cuBLASLt for every GEMM: the yardstick) or always on
+// (wherever it applies, whatever the output's width).
+std::shared_ptr<Backend> cuda_backend_small_gemm(CudaSmallGemm mode) {
+  static std::shared_ptr<Backend> cache[3];
+  std::shared_ptr<Backend>& b = cache[static_cast<int>(mode)];
   if (!b) {
     BackendOptions o;
-    o.cuda_small_gemm = false;
+    o.cuda_small_gemm = mode;
     auto r = create_backend("cuda", o);
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     if (r.ok()) b = r.value();
@@ -555,9 +557,10 @@ std::vector<float> run_strided_matmul(Backend& b, const testing::DeviceTensor& x
 // sums), NMSE <= 1e-10, and comparable to cuBLASLt's (<= 4× its max + 2^-24); on every element: close
 // to cuBLASLt and no write outside the view.
 TEST(CudaMatmul, SmallNF16GemmMatchesWidenedReferenceAndCublasLt) {
-  KEV_CUDA_OR_SKIP(gpu, true);
-  const std::shared_ptr<Backend> lt = cuda_backend_cublaslt();
-  ASSERT_TRUE(lt);
+  KEV_CUDA_OR_SKIP(any, true);
+  const std::shared_ptr<Backend> gpu = cuda_backend_small_gemm(CudaSmallGemm::Always);
+  const std::shared_ptr<Backend> lt = cuda_backend_small_gemm(CudaSmallGemm::Off);
+  ASSERT_TRUE(gpu && lt);
   if (!small_gemm_on(*gpu)) GTEST_SKIP() << "the small-n F16 GEMM needs sm_90";
   struct Shape {
     const char* name;
@@ -642,7 +645,9 @@ TEST(CudaMatmul, SmallNF16GemmMatchesWidenedReferenceAndCublasLt) {
 // same 37 rows run alone, and row 5 equals a one-row pass. Shapes with k splits (0.8B down: 8 splits;
 // 4B out_proj: 3; k|v|q: 3) and without (in_proj); x rows of very different magnitudes (scaled rows).
 TEST(CudaMatmul, SmallNF16GemmIsDeterministicAndRowInvariant) {
-  KEV_CUDA_OR_SKIP(gpu, true);
+  KEV_CUDA_OR_SKIP(any, true);
+  const std::shared_ptr<Backend> gpu = cuda_backend_small_gemm(CudaSmallGemm::Always);
+  ASSERT_TRUE(gpu);
   if (!small_gemm_on(*gpu)) GTEST_SKIP() << "the small-n F16 GEMM needs sm_90";
   using testing::make_f32;
   struct Shape {
@@ -1349,13 +1354,15 @@ TEST(CudaAttention, DISABLED_Timing) {
 // converts its x as a lone projection does) into one pass, replayed as a CUDA graph, and synchronizes;
 // the median wall time per matmul is printed (host launch and wait included: ~1 µs per op). Shapes of
 // at most 256 rows run twice: through cuBLASLt (`cublaslt`: conversion, GEMM, row rescale kernel) and
-// through the small-n kernel (`small-n`: conversion, GEMM with the rescale), alternating per shape.
+// through the small-n kernel (`small-n`: conversion, GEMM with the rescale; forced at every shape, the
+// default takes it only up to 1,024 columns), alternating per shape.
 // Not a benchmark protocol. Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='CudaMatmul.DISABLED_Timing'
 TEST(CudaMatmul, DISABLED_Timing) {
-  KEV_CUDA_OR_SKIP(gpu, true);
-  const std::shared_ptr<Backend> lt = cuda_backend_cublaslt();
-  ASSERT_TRUE(lt);
+  KEV_CUDA_OR_SKIP(any, true);
+  const std::shared_ptr<Backend> gpu = cuda_backend_small_gemm(CudaSmallGemm::Always);
+  const std::shared_ptr<Backend> lt = cuda_backend_small_gemm(CudaSmallGemm::Off);
+  ASSERT_TRUE(gpu && lt);
   using testing::make_f32;
   struct Shape {
     const char* name;
@@ -1399,6 +1406,7 @@ TEST(CudaMatmul, DISABLED_Timing) {
                   s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), static_cast<long long>(s.m),
                   b == lt.get() ? "cublaslt" : "small-n", med * 1e3, ms.front() * 1e3, ms.size(),
                   2.0 * s.n * s.k * s.m / med * 1e-9);
+      std::fflush(stdout);
     }
   }
 }

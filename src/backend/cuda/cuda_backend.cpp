@@ -239,7 +239,7 @@ class CudaBackend final : public Backend {
     KEV_ASSIGN_OR_RETURN(gemm_workspace_, pool_->acquire(kGemmWorkspace));
     KEV_TRY(gemm_.init(gemm_workspace_, kGemmWorkspace));
     total_memory_ = prop.totalGlobalMem;
-    small_gemm_ = options_.cuda_small_gemm && cuda::gemm_f16_small_available();
+    small_gemm_ = options_.cuda_small_gemm != CudaSmallGemm::Off && cuda::gemm_f16_small_available();
     device_text_ = cat(prop.name, " (sm_", prop.major, prop.minor, ", ",
                        std::round(static_cast<double>(prop.totalGlobalMem) / double(1ull << 30) * 10) / 10,
                        " GiB), CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", cuBLASLt ",
@@ -759,7 +759,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::PassRecorder> recorder_;
   cuda::GemmRunner gemm_;
   void* gemm_workspace_ = nullptr;
-  // F16-weight GEMMs of at most kGemmF16SmallMaxRows rows go to gemm_f16_small.cu (option on, sm_90).
+  // F16-weight GEMMs of at most kGemmF16SmallMaxRows rows may go to gemm_f16_small.cu (option not Off,
+  // sm_90; which ones: options_.cuda_small_gemm).
   bool small_gemm_ = false;
   // The 16-bit copy of x made (or shared) by the last 16-bit matmul recorded, and when (see matmul()).
   struct HalfInput {
@@ -821,7 +822,7 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   // - F16 (the default for bf16 exports): x rounded to FP16 (11 significand bits) after dividing each
   //   row by a power of two that keeps it within FP16's range (by a conversion kernel, or by the op
   //   recorded just before that produced x: producer_writes_matmul_input); a row kernel multiplies the
-  //   GEMM's rows back (and adds the bias).
+  //   GEMM's rows back (and adds the bias), or the small-n GEMM does as it stores them.
   // - BF16 with cuda_gemm f16 / bf16x2: x as hi + lo BF16 halves stacked into one GEMM of 2n rows (W
   //   read once, ~16 significand bits of x kept); with bf16: x rounded to BF16 (8 bits).
   // docs/numerics.md gives each one's end-to-end error.
@@ -840,9 +841,10 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   shape.align_x = half ? cuda::column_alignment(nullptr, k * 2) : cuda::column_alignment(xp, ldx * 4);
   shape.align_w = cuda::column_alignment(wp, k * static_cast<int64_t>(dtype_size(w.dtype)));
   shape.align_out = split ? cuda::column_alignment(nullptr, m * 4) : cuda::column_alignment(op, ldo * 4);
-  // F16 weights at small n: the hand-written kernel (gemm_f16_small.cu) where its preconditions hold; it
-  // also applies the row rescale and the bias. Everything else: cuBLASLt.
+  // F16 weights at small n and narrow outputs: the hand-written kernel (gemm_f16_small.cu) where its
+  // preconditions hold; it also applies the row rescale and the bias. Everything else: cuBLASLt.
   const bool small = w.dtype == DType::F16 && small_gemm_ &&
+                     (options_.cuda_small_gemm == CudaSmallGemm::Always || cuda::gemm_f16_small_preferred(m)) &&
                      cuda::gemm_f16_small_supported(n, k, m, shape.align_x, shape.align_w, shape.align_out);
   if (!small) KEV_TRY(gemm_.prepare(shape));
   // Consecutive projections of one input (q/k/v, the four GDN projections, gate/up) share its 16-bit

@@ -1,6 +1,6 @@
-// The F16-weight projections of small passes (Kev's evaluation: n ≈ 220–256 token rows) on FP16 tensor
-// cores, in place of cuBLASLt, which is latency-bound there and splits K through a separate reduce
-// kernel for small outputs.
+// The narrow F16-weight projections of small passes (Kev's evaluation: n ≈ 220–256 token rows; outputs
+// of at most 1,024 columns) on FP16 tensor cores, in place of cuBLASLt, which runs them far below its
+// wide-output rate and splits K through a separate reduce kernel.
 //
 // Math. out[r, c] = (Σ_j x16[r, j] · W16[c, j]) · s_r + bias[c] for r < n, c < m: x16 the FP16 copy of
 // the matmul's input (each row divided by its power-of-two scale s_r, f16_rows.cuh), W16 the FP16
@@ -9,38 +9,44 @@
 // bias (null: none) are applied as one fmaf (v · s_r alone without bias), as the separate row kernel
 // (elementwise.cu's scale_bias_rows) does after cuBLASLt, so their bits agree for the same sum.
 // Summation order, fixed per (k, m): k is cut into S splits of whole 64-wide k tiles (split s: tiles
-// [s·T/S, (s+1)·T/S) of T = ceil(k / 64)); within a split the tensor cores sum 16-wide k steps in
-// ascending order; the splits' partial sums are added in ascending split order. S depends only on
-// (k, m) and the device's SM count (gemm_splits), never on n, so a row's result does not depend on the
-// other rows of the pass (nor on its position in it) and is bit-identical run to run.
+// [s·T/S, (s+1)·T/S) of T = ceil(k / 64)); within a split each of two warp groups sums its 16-wide k
+// steps of every tile in ascending order on the tensor cores, group 0's sum is added to group 1's, and
+// the splits' sums are added in ascending split order. S depends only on (k, m) and the device
+// (gemm_splits), never on n, so a row's result does not depend on the other rows of the pass (nor on
+// its position in it) and is bit-identical run to run.
 //
 // Layout. x16 [n, k] row-major contiguous (the backend's scratch copy), W16 [m, k] row-major
 // contiguous (mma's "col" B operand: output column c is W's row c), out [n, m] with row stride ldo.
 //
 // Launch. A block computes a 128-row × 128-column output tile over one k split: grid (S, ceil(n/128),
-// ceil(m/128)), 256 threads (8 warps in 2 row groups × 4 column groups, each warp 64 rows × 32
-// columns: 4 × 4 m16n8 accumulators, 64 floats a thread). x rows are the mma A operand and W rows the
-// B operand, both read with ldmatrix (non-transposed: both are k-contiguous) from 64-wide k tiles held
-// as 128-byte rows whose 16-byte chunks are XOR-swizzled by row % 8 (mma_f16.cuh's swz). Three stages
-// of (x tile, W tile) = 96 KiB stream through a cp.async pipeline (two tiles in flight while one is
-// multiplied, one barrier per tile), two blocks per SM (≤ 128 registers); a grid of at most one
-// block per SM (whose clusters the driver reports resident at once at that size) asks for 116 KiB
-// instead, so that no SM gets two blocks while another idles. Rows past n and columns past
-// m are zero-filled by the copies (no global read) and never stored; a warp skips the m16 row groups
-// that lie wholly past n, so a 220-row pass costs 224 rows of products, not 256. The k tail (k a
-// multiple of 16, not of 64) is zero-filled too. Consecutive blocks share a W tile (the row tiles sit
-// in grid.y, inside grid.z's column tiles), so both 128-row tiles of a pass read it while it is in L2.
+// ceil(m/128)), 256 threads = two k groups of 4 warps; each warp owns a 64 × 64 output block (4 × 8
+// m16n8 accumulators, 128 floats a thread) and, of every 64-wide k tile, the 16-wide steps of its
+// group (group 0 steps 0 and 1, group 1 steps 2 and 3): a 64 × 64 warp block takes 8 ldmatrix per 32
+// mma (a 64 × 32 one 6 per 16), and the second group doubles the warps without more shared memory. At
+// the end group 1 leaves its sums in shared memory and group 0 adds them. x rows
+// are the mma A operand and W rows the B operand, both read with ldmatrix (non-transposed: both are
+// k-contiguous) from 64-wide k tiles held as 128-byte rows whose 16-byte chunks are XOR-swizzled by
+// row % 8 (mma_f16.cuh's swz). Four stages of (x tile, W tile) = 128 KiB stream through a cp.async
+// pipeline (three tiles in flight while one is multiplied, one barrier per tile); one block per SM
+// (200 registers). Rows past n and columns past m are zero-filled by the copies (no global read) and
+// never stored; a warp skips the m16 row groups that lie wholly past n, so a 220-row pass costs 224
+// rows of products, not 256. The k tail (k a multiple of 16, not of 64) is zero-filled too. Blocks
+// sharing a W tile are adjacent in the grid (the row tiles sit in grid.y, inside grid.z's column
+// tiles), so both 128-row tiles of a pass read it while it is in L2.
 // Split-K (S > 1): the S blocks of an output tile run as one thread block cluster (S × 1 × 1, S ≤ 8,
-// the portable size); after the k loop each block stores its 128 × 128 partial tile into its own
-// shared memory (over the pipeline buffers), a cluster barrier, then block `rank` reduces rows rank,
+// the portable size); after the k loop each block has its 128 × 128 partial tile in its own shared
+// memory (over the pipeline buffers), a cluster barrier, then block `rank` reduces rows rank,
 // rank + S, ... (a warp per row, a float4 per lane) from all S blocks through distributed shared
 // memory in split order and writes them to out, and a second barrier keeps every block's shared
 // memory alive until the others have read it: one kernel, no workspace, no reduce launch.
-// S = the count (1..8, k tiles per split >= 2) that minimises the blocks per SM × (k tiles per split
-// + 2, the pipeline's fill and the epilogue) for the tiles of a 256-row pass (two row tiles), ties to
-// the smaller S. 0.8B at 220 rows: in_proj (m 8,224) and gate_up 1 (130 / 112 blocks), k|v|q (5,120)
-// 3, down (k 3,584, m 1,024) and out_proj / o_proj (k 2,048) 8; 4B: out_proj and down (m 2,560) 3,
-// in_proj (12,352) 2, gate_up (18,432) 4.
+// S = the count (1..8, at least 2 k tiles a split) that minimises waves × (k tiles per split + 2, the
+// pipeline's fill and the epilogue) for the tiles of a 256-row pass (two row tiles), a wave being the
+// S-block clusters the driver reports resident at once (cudaOccupancyMaxActiveClusters, asked once
+// per device); ties go to the smaller S.
+// Dispatch (gemm_f16_small_preferred, the backend's default): outputs of at most 1,024 columns (16
+// tiles at 256 rows: the MLP down projection, out_proj / o_proj and k/v of both models), where
+// cuBLASLt ran at 90–145 TFLOP/s on the H200; on wide outputs (in_proj, gate_up, q, k|v|q) it runs
+// wgmma kernels at 390–440 TFLOP/s that mma.sync does not approach (docs/backends.md, CUDA matmul).
 // Preconditions (gemm_f16_small_supported): 1 <= n <= 256, k % 16 == 0, x and W rows 16-byte
 // aligned (16-byte copies), out rows 8-byte aligned (float2 stores); sm_90 (clusters; the dispatch
 // asks gemm_f16_small_available()).
@@ -64,28 +70,25 @@ namespace {
 constexpr int kTileRows = 128;  // x rows (tokens) per block
 constexpr int kTileCols = 128;  // W rows (output columns) per block
 constexpr int kTileK = 64;      // k per pipeline stage: one 128-byte swizzled row per tile row
-constexpr int kStages = 3;
+constexpr int kStages = 4;
 constexpr int kThreads = 256;
-constexpr int kWarpRows = 64, kWarpCols = 32;  // 2 × 4 warps
+constexpr int kWarpRows = 64, kWarpCols = 64;  // a warp's output block; 4 warps cover the tile
+constexpr int kKGroups = 2;                    // warp groups splitting each k tile's 16-wide steps
 constexpr int kMaxSplits = 8;                  // the portable cluster size
 constexpr int kChunks = kTileK / 8;            // 16-byte chunks per tile row
 constexpr int kLoads = kTileRows * kChunks / kThreads;  // chunks of x (and of W) a thread copies per stage
 constexpr int kStageHalves = (kTileRows + kTileCols) * kTileK;
-// A split's partial tile for the cluster reduction: pitch 128 + 8 floats, so a quarter-warp's float2
-// stores (rows g, columns 2t) meet every bank once per phase.
+// A partial tile in shared memory (the warp groups' sum, then the cluster's): pitch 128 + 8 floats, so
+// a quarter-warp's float2 accesses (rows g, columns 2t) meet every bank once per phase.
 constexpr int kPartLd = kTileCols + 8;
 constexpr size_t kPipeBytes = static_cast<size_t>(kStages) * kStageHalves * sizeof(__half);
 constexpr size_t kPartBytes = static_cast<size_t>(kTileRows) * kPartLd * sizeof(float);
 constexpr size_t kSmemBytes = kPipeBytes > kPartBytes ? kPipeBytes : kPartBytes;
-// Requested instead when the grid has at most one block per SM: more than half an SM's shared memory,
-// so the block scheduler cannot put two blocks (or two blocks of a cluster) on one SM and leave
-// others idle.
-constexpr size_t kSpreadBytes = 116 * 1024;
-static_assert(kThreads == (kTileRows / kWarpRows) * (kTileCols / kWarpCols) * 32, "8 warps cover the tile");
+static_assert(kThreads == kKGroups * (kTileRows / kWarpRows) * (kTileCols / kWarpCols) * 32, "8 warps");
+static_assert(kTileK / 16 % kKGroups == 0, "whole 16-wide steps per warp group");
 static_assert(kTileRows == kTileCols, "x and W tiles share the copy loop");
 static_assert(kTileRows * kChunks % kThreads == 0, "whole copies per thread");
-static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two blocks per SM on sm_90");
-static_assert(kSpreadBytes >= kSmemBytes && 2 * (kSpreadBytes + 1024) > 228 * 1024, "one block per SM on sm_90");
+static_assert(2 * (kSmemBytes + 1024) > 228 * 1024 && kSmemBytes <= 227 * 1024, "one block per SM on sm_90");
 
 struct Params {
   const __half* x;
@@ -115,7 +118,7 @@ __device__ __forceinline__ void store_pair(const Params& p, int r, int c, float 
   }
 }
 
-// The S key splits of one output tile, launched as a cluster (header: "Split-K"): each block has left
+// The S k splits of one output tile, launched as a cluster (header: "Split-K"): each block has left
 // its partial tile in its own shared memory; block `rank` adds rows rank, rank + S, ... of all S tiles
 // in split order and writes them.
 __device__ __forceinline__ void reduce_cluster_splits(const Params& p, const float* part, int row0, int col0) {
@@ -149,7 +152,7 @@ __device__ __forceinline__ void reduce_cluster_splits(const Params& p, const flo
 }
 
 template <bool kCluster>
-__global__ void __launch_bounds__(kThreads, 2) gemm_f16_small_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, 1) gemm_f16_small_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __half* tiles = reinterpret_cast<__half*>(smem_raw);  // stage b: x tile [128][64], then W tile [128][64]
   const int split = blockIdx.x, splits = gridDim.x;
@@ -176,8 +179,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_f16_small_kernel(Params p) {
   auto stage = [&](int kt, int buf) {
     __half* xs = tiles + buf * kStageHalves;
     __half* ws = xs + kTileRows * kTileK;
-    const int kc = kt * kTileK + 8 * ld_chunk;
-    const bool k_ok = kc < p.k;
+    const bool k_ok = kt * kTileK + 8 * ld_chunk < p.k;
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       const int r = ld_row + i * (kThreads / kChunks);
@@ -188,14 +190,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_f16_small_kernel(Params p) {
     cp_async_commit();
   };
 
-  const int wr = (warp / (kTileCols / kWarpCols)) * kWarpRows;  // the warp's first row in the tile
-  const int wc = (warp % (kTileCols / kWarpCols)) * kWarpCols;  // and first column
-  const int warp_rows = p.n - row0 - wr;  // rows of the warp's 64 that exist (<= 0: none)
-  float acc[4][4][4];
+  const int kg = warp / 4;                       // the warp's k group: 16-wide steps 2·kg, 2·kg + 1
+  const int wr = ((warp & 3) >> 1) * kWarpRows;  // the warp's first row in the tile
+  const int wc = (warp & 1) * kWarpCols;         // and first column
+  const int warp_rows = p.n - row0 - wr;         // rows of the warp's 64 that exist (<= 0: none)
+  float acc[4][8][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
     }
@@ -222,10 +225,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_f16_small_kernel(Params p) {
     const __half* ws = xs + kTileRows * kTileK;
     if (warp_rows > 0) {
 #pragma unroll
-      for (int kk = 0; kk < kTileK / 16; ++kk) {
-        uint32_t b[4][2];
+      for (int q = 0; q < kTileK / 16 / kKGroups; ++q) {
+        const int kk = kg * (kTileK / 16 / kKGroups) + q;
+        uint32_t b[8][2];
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
+        for (int np = 0; np < 4; ++np) {
           uint32_t r4[4];
           ldmatrix_x4(r4, ws + swz<kTileK>(wc + 16 * np + mrow + 8 * (mat >> 1), 2 * kk + (mat & 1)));
           b[2 * np][0] = r4[0];
@@ -239,47 +243,57 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_f16_small_kernel(Params p) {
             uint32_t a[4];
             ldmatrix_x4(a, xs + swz<kTileK>(wr + 16 * i + (lane & 15), 2 * kk + (lane >> 4)));
 #pragma unroll
-            for (int j = 0; j < 4; ++j) mma_f16(acc[i][j], a, b[j][0], b[j][1]);
+            for (int j = 0; j < 8; ++j) mma_f16(acc[i][j], a, b[j][0], b[j][1]);
           }
         }
       }
     }
   }
 
-  if constexpr (kCluster) {
-    cp_async_wait_all();
-    __syncthreads();  // the pipeline buffers become the partial tile
-    float* part = reinterpret_cast<float*>(smem_raw);
+  // The two k groups' sums meet in shared memory (over the pipeline buffers): group 1 stores, group 0
+  // adds (acc0 + acc1).
+  cp_async_wait_all();
+  __syncthreads();
+  float* part = reinterpret_cast<float*>(smem_raw);
+  auto part_at = [&](int i, int j, int h) { return part + (wr + 16 * i + g + 8 * h) * kPartLd + wc + 8 * j + 2 * t4; };
+  if (kg == 1) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float* d = part + (wr + 16 * i + g) * kPartLd + wc + 8 * j + 2 * t4;
-        *reinterpret_cast<float2*>(d) = make_float2(acc[i][j][0], acc[i][j][1]);
-        *reinterpret_cast<float2*>(d + 8 * kPartLd) = make_float2(acc[i][j][2], acc[i][j][3]);
-      }
-    }
-    reduce_cluster_splits(p, part, row0, col0);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = row0 + wr + 16 * i + g;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int c = col0 + wc + 8 * j + 2 * t4;
-        store_pair(p, r, c, acc[i][j][0], acc[i][j][1]);
-        store_pair(p, r + 8, c, acc[i][j][2], acc[i][j][3]);
+      for (int j = 0; j < 8; ++j) {
+        *reinterpret_cast<float2*>(part_at(i, j, 0)) = make_float2(acc[i][j][0], acc[i][j][1]);
+        *reinterpret_cast<float2*>(part_at(i, j, 1)) = make_float2(acc[i][j][2], acc[i][j][3]);
       }
     }
   }
+  __syncthreads();
+  if (kg == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float2 o = *reinterpret_cast<const float2*>(part_at(i, j, h));
+          const float v0 = acc[i][j][2 * h] + o.x, v1 = acc[i][j][2 * h + 1] + o.y;
+          if constexpr (kCluster) {
+            *reinterpret_cast<float2*>(part_at(i, j, h)) = make_float2(v0, v1);  // this block's partial tile
+          } else {
+            store_pair(p, row0 + wr + 16 * i + g + 8 * h, col0 + wc + 8 * j + 2 * t4, v0, v1);
+          }
+        }
+      }
+    }
+  }
+  if constexpr (kCluster) reduce_cluster_splits(p, part, row0, col0);
 }
 
 // What the launches need to know of the current device, asked of the driver once per device: its SM
 // count (0: the kernel does not run there) and, per split count S, the S-block clusters resident at
-// once with one block per SM (kSpreadBytes).
+// once.
 struct DeviceInfo {
   int sms = 0;
-  int spread_clusters[kMaxSplits + 1] = {};
+  int clusters[kMaxSplits + 1] = {};
 };
 
 DeviceInfo device_info() {
@@ -294,15 +308,16 @@ DeviceInfo device_info() {
   const auto it = known.find(device);
   if (it != known.end()) return it->second;
   DeviceInfo info;
-  int clusters = 0;
+  int launch = 0;
   cudaFuncAttributes attr = {};
-  bool ok = cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device) == cudaSuccess && clusters != 0 &&
+  bool ok = cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, device) == cudaSuccess && launch != 0 &&
             cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
             cudaFuncGetAttributes(&attr, gemm_f16_small_kernel<true>) == cudaSuccess && attr.binaryVersion >= 90 &&
             cudaFuncSetAttribute(gemm_f16_small_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(kSpreadBytes)) == cudaSuccess &&
+                                 static_cast<int>(kSmemBytes)) == cudaSuccess &&
             cudaFuncSetAttribute(gemm_f16_small_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(kSpreadBytes)) == cudaSuccess;
+                                 static_cast<int>(kSmemBytes)) == cudaSuccess;
+  info.clusters[1] = info.sms;
   for (int s = 2; ok && s <= kMaxSplits; ++s) {
     cudaLaunchAttribute cluster[1] = {};
     cluster[0].id = cudaLaunchAttributeClusterDimension;
@@ -312,10 +327,10 @@ DeviceInfo device_info() {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(s, 1, 1);
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = kSpreadBytes;
+    cfg.dynamicSmemBytes = kSmemBytes;
     cfg.attrs = cluster;
     cfg.numAttrs = 1;
-    ok = cudaOccupancyMaxActiveClusters(&info.spread_clusters[s], gemm_f16_small_kernel<true>, &cfg) == cudaSuccess;
+    ok = cudaOccupancyMaxActiveClusters(&info.clusters[s], gemm_f16_small_kernel<true>, &cfg) == cudaSuccess;
   }
   if (!ok) {
     cudaGetLastError();
@@ -325,14 +340,15 @@ DeviceInfo device_info() {
   return info;
 }
 
-// Splits of k (header: "Split-K"), from k, m and the SM count only.
-int gemm_splits(int64_t k, int64_t m, int sms) {
+// Splits of k (header: "Split-K"), from k, m and the device only.
+int gemm_splits(int64_t k, int64_t m, const DeviceInfo& info) {
   const int64_t k_tiles = (k + kTileK - 1) / kTileK;
   const int64_t tiles = (kGemmF16SmallMaxRows / kTileRows) * ((m + kTileCols - 1) / kTileCols);
   int best = 1;
-  int64_t best_cost = (tiles + sms - 1) / sms * (k_tiles + 2);
+  int64_t best_cost = (tiles + info.sms - 1) / info.sms * (k_tiles + 2);
   for (int s = 2; s <= kMaxSplits && k_tiles / s >= 2; ++s) {
-    const int64_t cost = (tiles * s + sms - 1) / sms * ((k_tiles + s - 1) / s + 2);
+    if (info.clusters[s] == 0) continue;
+    const int64_t cost = (tiles + info.clusters[s] - 1) / info.clusters[s] * ((k_tiles + s - 1) / s + 2);
     if (cost < best_cost) {
       best = s;
       best_cost = cost;
@@ -350,10 +366,11 @@ bool gemm_f16_small_supported(int64_t n, int64_t k, int64_t m, int align_x, int 
          (m + kTileCols - 1) / kTileCols <= 65535 && align_x >= 16 && align_w >= 16 && align_out >= 8;
 }
 
+bool gemm_f16_small_preferred(int64_t m) { return m <= kGemmF16SmallMaxCols; }
+
 cudaError_t launch_gemm_f16_small(const GemmF16SmallArgs& a, cudaStream_t stream) {
   const DeviceInfo info = device_info();
-  const int sms = info.sms;
-  if (sms == 0) return cudaErrorNoKernelImageForDevice;
+  if (info.sms == 0) return cudaErrorNoKernelImageForDevice;
   Params p;
   p.x = reinterpret_cast<const __half*>(a.x);
   p.w = reinterpret_cast<const __half*>(a.w);
@@ -365,14 +382,11 @@ cudaError_t launch_gemm_f16_small(const GemmF16SmallArgs& a, cudaStream_t stream
   p.k = static_cast<int>(a.k);
   p.m = static_cast<int>(a.m);
   p.k_tiles = static_cast<int>((a.k + kTileK - 1) / kTileK);
-  const int splits = gemm_splits(a.k, a.m, sms);
+  const int splits = gemm_splits(a.k, a.m, info);
   const dim3 grid(splits, static_cast<unsigned>((a.n + kTileRows - 1) / kTileRows),
                   static_cast<unsigned>((a.m + kTileCols - 1) / kTileCols));
-  const int64_t tiles = static_cast<int64_t>(grid.y) * grid.z;
-  const bool spread = tiles * splits <= sms && (splits == 1 || tiles <= info.spread_clusters[splits]);
-  const size_t bytes = spread ? kSpreadBytes : kSmemBytes;
   if (splits == 1) {
-    gemm_f16_small_kernel<false><<<grid, kThreads, bytes, stream>>>(p);
+    gemm_f16_small_kernel<false><<<grid, kThreads, kSmemBytes, stream>>>(p);
     return cudaGetLastError();
   }
   cudaLaunchAttribute attr[1] = {};
@@ -383,7 +397,7 @@ cudaError_t launch_gemm_f16_small(const GemmF16SmallArgs& a, cudaStream_t stream
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = bytes;
+  cfg.dynamicSmemBytes = kSmemBytes;
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;

@@ -12,6 +12,9 @@ namespace kev::cuda {
 // The most rows the kernel takes (two 128-row tiles): Kev's evaluation passes have 220–256; the
 // 2,187-token prefill stays on cuBLASLt.
 constexpr int64_t kGemmF16SmallMaxRows = 256;
+// The widest output it is chosen for by default (gemm_f16_small_preferred): at most 16 output tiles,
+// where cuBLASLt's kernels run far below its rate on wide outputs (gemm_f16_small.cu, "Dispatch").
+constexpr int64_t kGemmF16SmallMaxCols = 1024;
 
 struct GemmF16SmallArgs {
   const uint16_t* x = nullptr;  // [n, k] FP16, contiguous (row stride k)
@@ -32,6 +35,9 @@ bool gemm_f16_small_available();
 // column_alignment() gives them): 1 <= n <= kGemmF16SmallMaxRows, k a positive multiple of 16, m >= 1,
 // x and W rows 16-byte aligned, out rows 8-byte aligned.
 bool gemm_f16_small_supported(int64_t n, int64_t k, int64_t m, int align_x, int align_w, int align_out);
+
+// Whether the kernel is the default choice for an output of m columns (m <= kGemmF16SmallMaxCols).
+bool gemm_f16_small_preferred(int64_t m);
 
 // Enqueues the kernel: a function of the shapes only (grid, cluster and split-K count), never of the
 // values, so a captured graph stays valid. Requires gemm_f16_small_supported() and _available().

@@ -150,14 +150,6 @@ enum class CudaGemm : uint8_t {
   BF16,    // BF16 weights; x rounded to BF16
 };
 
-// CUDA, F16 weights, passes of at most 256 rows on sm_90: where the hand-written small-n GEMM
-// (gemm_f16_small.cu) runs instead of cuBLASLt.
-enum class CudaSmallGemm : uint8_t {
-  Auto,    // outputs of at most 1,024 columns (the narrow, long-k projections cuBLASLt runs slowly)
-  Always,  // every such GEMM the kernel supports (tests and timings)
-  Off,     // none: cuBLASLt throughout (the tests' and timings' yardstick)
-};
-
 struct BackendOptions {
   int threads = 0;              // CPU: worker threads (0 = hardware concurrency)
   bool reference_mode = false;  // CPU: plain loops, no BLAS, token-by-token GDN (the op-test yardstick)
@@ -171,7 +163,6 @@ struct BackendOptions {
   // softmax and accumulation) instead of 3xTF32. The engine sets it for bf16 exports in the f16 and
   // bf16 GEMM modes, whose projections already round their inputs to 16 bits (docs/numerics.md).
   bool cuda_attention_f16 = false;
-  CudaSmallGemm cuda_small_gemm = CudaSmallGemm::Auto;  // CUDA: which F16-weight GEMMs skip cuBLASLt
   std::string adapter;          // WebGPU: adapter name substring or type ("discrete", "cpu", ...); empty = default
   bool webgpu_f16 = false;      // WebGPU: F16 kernels where the adapter has shader-f16 (FP32 otherwise)
   // Only supports() is needed (kev_export's op audit): succeed without a device, answering for the

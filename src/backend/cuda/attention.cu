@@ -643,6 +643,13 @@ struct F16Layout {
   static_assert(kBytes <= 99 * 1024, "shared memory exceeds the smallest supported per-block limit");
 };
 
+// Offset in halves of 16-byte chunk c (halves 8c..8c+7) of row r of an FP16 [rows][HD] tile; the chunks
+// are XOR-swizzled by r % 8 (HD >= 64: a row has at least 8 chunks).
+template <int HD>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * HD + ((c ^ (r & 7)) << 3);
+}
+
 // The FP16 copies in the workspace: K and V [L, Hkv, hd] with L = tiles·kKeys, (s_k, s_v) per (tile,
 // KV head), then the splits' partial rows (none where the splits merge in a cluster).
 struct F16Copies {

@@ -18,7 +18,6 @@
 #include "backend/cuda/device_pool.h"
 #include "backend/cuda/gated_delta_rule.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/gemm_f16_small.cuh"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/pass_recorder.h"
 
@@ -239,12 +238,11 @@ class CudaBackend final : public Backend {
     KEV_ASSIGN_OR_RETURN(gemm_workspace_, pool_->acquire(kGemmWorkspace));
     KEV_TRY(gemm_.init(gemm_workspace_, kGemmWorkspace));
     total_memory_ = prop.totalGlobalMem;
-    small_gemm_ = options_.cuda_small_gemm != CudaSmallGemm::Off && cuda::gemm_f16_small_available();
     device_text_ = cat(prop.name, " (sm_", prop.major, prop.minor, ", ",
                        std::round(static_cast<double>(prop.totalGlobalMem) / double(1ull << 30) * 10) / 10,
                        " GiB), CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", cuBLASLt ",
                        gemm_.cublaslt_version(), options_.cuda_graphs ? ", graphs" : ", no graphs",
-                       options_.cuda_attention_f16 ? ", FP16 attention" : "", small_gemm_ ? ", small-n F16 GEMM" : "");
+                       options_.cuda_attention_f16 ? ", FP16 attention" : "");
     return Status::success();
   }
 
@@ -759,9 +757,6 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::PassRecorder> recorder_;
   cuda::GemmRunner gemm_;
   void* gemm_workspace_ = nullptr;
-  // F16-weight GEMMs of at most kGemmF16SmallMaxRows rows may go to gemm_f16_small.cu (option not Off,
-  // sm_90; which ones: options_.cuda_small_gemm).
-  bool small_gemm_ = false;
   // The 16-bit copy of x made (or shared) by the last 16-bit matmul recorded, and when (see matmul()).
   struct HalfInput {
     const float* x = nullptr;
@@ -822,7 +817,7 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   // - F16 (the default for bf16 exports): x rounded to FP16 (11 significand bits) after dividing each
   //   row by a power of two that keeps it within FP16's range (by a conversion kernel, or by the op
   //   recorded just before that produced x: producer_writes_matmul_input); a row kernel multiplies the
-  //   GEMM's rows back (and adds the bias), or the small-n GEMM does as it stores them.
+  //   GEMM's rows back (and adds the bias).
   // - BF16 with cuda_gemm f16 / bf16x2: x as hi + lo BF16 halves stacked into one GEMM of 2n rows (W
   //   read once, ~16 significand bits of x kept); with bf16: x rounded to BF16 (8 bits).
   // docs/numerics.md gives each one's end-to-end error.
@@ -841,12 +836,7 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   shape.align_x = half ? cuda::column_alignment(nullptr, k * 2) : cuda::column_alignment(xp, ldx * 4);
   shape.align_w = cuda::column_alignment(wp, k * static_cast<int64_t>(dtype_size(w.dtype)));
   shape.align_out = split ? cuda::column_alignment(nullptr, m * 4) : cuda::column_alignment(op, ldo * 4);
-  // F16 weights at small n and narrow outputs: the hand-written kernel (gemm_f16_small.cu) where its
-  // preconditions hold; it also applies the row rescale and the bias. Everything else: cuBLASLt.
-  const bool small = w.dtype == DType::F16 && small_gemm_ &&
-                     (options_.cuda_small_gemm == CudaSmallGemm::Always || cuda::gemm_f16_small_preferred(m)) &&
-                     cuda::gemm_f16_small_supported(n, k, m, shape.align_x, shape.align_w, shape.align_out);
-  if (!small) KEV_TRY(gemm_.prepare(shape));
+  KEV_TRY(gemm_.prepare(shape));
   // Consecutive projections of one input (q/k/v, the four GDN projections, gate/up) share its 16-bit
   // copy: when the command recorded just before this one, in this pass, was a matmul that converted
   // (or shared) this same view of x the same way, nothing can have written x since (a matmul writes
@@ -891,19 +881,6 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
       } else if (convert) {
         KEV_TRY(launched(cuda::launch_f32_to_bf16_rows(xp, ldx, xs, n, k, split, s), "matmul input to bf16"));
       }
-      if (small) {
-        cuda::GemmF16SmallArgs g;
-        g.x = xs;
-        g.w = static_cast<const uint16_t*>(wp);
-        g.out = op;
-        g.ldo = ldo;
-        g.row_scales = rescale ? scales : nullptr;
-        g.bias = bp;
-        g.n = n;
-        g.k = k;
-        g.m = m;
-        return launched(cuda::launch_gemm_f16_small(g, s), "matmul (small-n F16 GEMM)");
-      }
       if (split) {
         KEV_TRY(gemm->enqueue(shape, xs, wp, halves, s));
         return launched(cuda::launch_split_sum_rows(halves, n, m, bp, op, ldo, s), "matmul split sum");
@@ -917,7 +894,7 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
     };
   };
   std::string label = trace_label([&] {
-    return cat("matmul n=", n, " k=", k, " m=", m, " ", dtype_name(w.dtype), split ? "x2" : "", small ? " small-n" : "",
+    return cat("matmul n=", n, " k=", k, " m=", m, " ", dtype_name(w.dtype), split ? "x2" : "",
                from_producer ? " x from producer" : convert || !half ? "" : " shared x");
   });
   recorder_->record(kOp, sig, enqueue(true), label);

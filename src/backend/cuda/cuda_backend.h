@@ -1,6 +1,5 @@
-// The CUDA backend: FP32 activations on one NVIDIA GPU, GEMMs through cuBLASLt (F16-weight GEMMs of at
-// most 256 rows on sm_90 through a hand-written kernel), everything else in hand-written kernels (one
-// file per op family, each documenting its math and launch shape).
+// The CUDA backend: FP32 activations on one NVIDIA GPU, GEMMs through cuBLASLt, everything else in
+// hand-written kernels (one file per op family, each documenting its math and launch shape).
 //
 //   BackendOptions opts;
 //   opts.device = 0;            // CUDA device ordinal

@@ -1,6 +1,5 @@
 // Dense projections through cuBLASLt: out[n,m] = x[n,k] · W[m,k]ᵀ (+ bias[m]), row-major, x and out
-// row-strided views, W contiguous. (F16-weight GEMMs of at most 256 rows on sm_90 run gemm_f16_small.cu
-// instead; cuda_backend.cpp's matmul chooses.)
+// row-strided views, W contiguous.
 //
 // cuBLASLt is column-major, so the row-major product is computed as its transpose: D (m×n, ld = out's
 // row stride) = op_T(A) · B with A = W seen as k×m (ld = k) and B = x seen as k×n (ld = x's row stride).

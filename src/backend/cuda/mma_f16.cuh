@@ -1,6 +1,5 @@
-// FP16 tensor-core building blocks (sm_80+): the swizzled shared tile layout that ldmatrix reads
-// without bank conflicts, ldmatrix fragment loads and the mma.sync.m16n8k16 FP16 product with FP32
-// accumulation (attention's 16-bit path, the small-n FP16 GEMM).
+// FP16 tensor-core building blocks (sm_80+): ldmatrix fragment loads from shared memory and the
+// mma.sync.m16n8k16 FP16 product with FP32 accumulation (attention's 16-bit path).
 // Fragments (PTX ISA, m16n8k16 .f16; lane = 4g + t): A (16 × 16, row-major) in four registers of two
 // halves, {A[g][2t..2t+1]}, {A[g+8][2t..]}, {A[g][2t+8..]}, {A[g+8][2t+8..]}; B (16 × 8) in two,
 // {B[2t..2t+1][g]}, {B[2t+8..2t+9][g]}; C/D (16 × 8, FP32) c0, c1 = C[g][2t..2t+1], c2, c3 = C[g+8][..].
@@ -12,15 +11,6 @@
 #include <cstdint>
 
 namespace kev::cuda {
-
-// Offset in halves of 16-byte chunk c (halves 8c..8c+7) of row r of an FP16 [rows][W] tile; the chunks
-// are XOR-swizzled by r % 8 (W >= 64: a row has at least 8 chunks), so the 8 rows an ldmatrix phase
-// reads at one chunk column hit distinct banks.
-template <int W>
-__device__ __forceinline__ int swz(int r, int c) {
-  static_assert(W >= 64 && W % 64 == 0, "a swizzled row holds a multiple of 8 chunks");
-  return r * W + ((c ^ (r & 7)) << 3);
-}
 
 // Four 8 × 8 matrices of 16-bit elements: lane i gives the shared address of row i % 8 of matrix i / 8
 // (16 contiguous bytes); register j receives matrix j, lane (g, t) holding row g, elements 2t, 2t + 1.

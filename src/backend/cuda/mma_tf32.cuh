@@ -1,15 +1,28 @@
 // Tensor-core building blocks shared by the CUDA kernels that multiply FP32 operands at FP32
-// accuracy (attention, the gated delta rule): the 3xTF32 split and the mma.sync.m16n8k8 TF32 product
-// with its fragment loads (sm_80+); cp.async staging comes with it (cp_async.cuh).
+// accuracy (attention, the gated delta rule): cp.async staging (also attention's FP16 tiles), the
+// 3xTF32 split and the mma.sync.m16n8k8 TF32 product with its fragment loads (sm_80+).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "backend/cuda/cp_async.cuh"
-
 namespace kev::cuda {
+
+// Asynchronous global → shared copies of N = 16 or 4 bytes; fill = false writes zeros and reads
+// nothing (src must still be a valid address).
+template <int N>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool fill) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if constexpr (N == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(fill ? 16 : 0) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(fill ? 4 : 0) : "memory");
+  }
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // x = hi + lo (3xTF32): hi = x rounded to TF32 (add half an ulp of the 10-bit mantissa, then drop the
 // 13 low bits: round to nearest, ties away from zero), lo = x − hi (exact), truncated to TF32.

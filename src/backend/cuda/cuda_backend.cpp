@@ -565,7 +565,7 @@ class CudaBackend final : public Backend {
     CommandSig sig = norm_sig(x, z, w, out, eps, a.scale);
     if (a.z_scales) KEV_TRY(fold_rescale(sig));
     recorder_->record(op, sig, [=](cudaStream_t s) { return launched(cuda::launch_norm(a, s), op); });
-    last_norm_ = LastNorm{a, sig, out, recorder_->pass_serial(), recorder_->recorded()};
+    last_norm_ = LastNorm{a, sig, recorder_->pass_serial(), recorder_->recorded()};
     noted_producer(op, std::move(sig), out, [=](uint16_t* xs, float* scales, int group) -> cuda::PassRecorder::Enqueue {
       cuda::NormArgs b = a;
       b.half = xs;
@@ -804,9 +804,8 @@ class CudaBackend final : public Backend {
   GdnPrep last_prep_;
   // The last norm command, and when (see join_norm_rope()).
   struct LastNorm {
-    cuda::NormArgs args;
+    cuda::NormArgs args;  // its out is what norm_rope_fusable compares with the rope's x
     CommandSig sig;
-    Tensor out;
     uint64_t pass = 0, recorded = 0;
   };
   LastNorm last_norm_;

@@ -199,12 +199,8 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
   float acc[3][1][4] = {};
 #pragma unroll
   for (int u = 0; u < 3; ++u) {
-    const int tile = warp + 8 * u;
-    int bi, bj;
-    lower_block(tile >> 1, bi, bj);
-    // Rows past cn are zero padding (and bj <= bi): a block starting there is all zero.
-    if (tile >= 20 || 16 * bi >= cn) continue;
-    product_tile<DK, 1>(A, Ks, bi, 16 * bj + 8 * (tile & 1), g, t, acc[u]);
+    int bi, bj, col0;
+    if (lower_tile(warp, u, cn, bi, bj, col0)) product_tile<DK, 1>(A, Ks, bi, col0, g, t, acc[u]);
   }
 
   for (int hh = 0; hh < group; ++hh) {
@@ -216,13 +212,14 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
     }
     __syncthreads();
     float* dst = products + (static_cast<int64_t>(c) * a.Hv + h) * 2 * kChunk * kChunk + (isP ? 0 : kChunk * kChunk);
+    // Like gdn_rows_kernel's P and M, but exp only where the element is kept, and every tile (cn =
+    // kChunk): the unconditional exp cost 24 registers at dk = 128 (80 → 104: two blocks per SM instead of
+    // three), skipping the padding's tiles 22.
 #pragma unroll
     for (int u = 0; u < 3; ++u) {
-      const int tile = warp + 8 * u;
-      if (tile >= 20) continue;
-      int bi, bj;
-      lower_block(tile >> 1, bi, bj);
-      const int j = 16 * bj + 8 * (tile & 1) + 2 * t;
+      int bi, bj, col0;
+      if (!lower_tile(warp, u, kChunk, bi, bj, col0)) continue;
+      const int j = col0 + 2 * t;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = 16 * bi + g + 8 * half;

@@ -133,21 +133,16 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_rows_kernel(GdnArgs a, bool v
   const float* const qk[2] = {Qs, Ks};
 #pragma unroll
   for (int u = 0; u < 3; ++u) {
-    const int tile = warp + 8 * u;
-    int bi, bj;
-    lower_block(tile >> 1, bi, bj);
-    if (tile >= 20 || 16 * bi >= cn) continue;
-    product_tile<DK, 2>(qk, Ks, bi, 16 * bj + 8 * (tile & 1), g, t, acc[u]);
+    int bi, bj, col0;
+    if (lower_tile(warp, u, cn, bi, bj, col0)) product_tile<DK, 2>(qk, Ks, bi, col0, g, t, acc[u]);
   }
   __syncthreads();  // Q is dead (K stays for Q̃)
   // P_ij = (q_i·k_j) D_ij (j <= i), M_ij = β_i (k_i·k_j) D_ij (j < i); M_bb goes to Mdiag for the inversion.
 #pragma unroll
   for (int u = 0; u < 3; ++u) {
-    const int tile = warp + 8 * u;
-    int bi, bj;
-    lower_block(tile >> 1, bi, bj);
-    if (tile >= 20 || 16 * bi >= cn) continue;
-    const int j = 16 * bj + 8 * (tile & 1) + 2 * t;
+    int bi, bj, col0;
+    if (!lower_tile(warp, u, cn, bi, bj, col0)) continue;
+    const int j = col0 + 2 * t;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int i = 16 * bi + g + 8 * half;

@@ -172,6 +172,17 @@ __device__ __forceinline__ void lower_block(int blk, int& bi, int& bj) {
   bj = blk - bi * (bi + 1) / 2;
 }
 
+// Warp warp's u-th m16n8 tile (u < 3) of the 20 covering a chunk's 10 lower 16×16 blocks (two 8-column
+// halves each; warp w: tiles w, w + 8, w + 16): false when there is no such tile or its block starts at
+// or past cn (zero padding, never read); else the block (bi, bj) and the tile's first column col0.
+__device__ __forceinline__ bool lower_tile(int warp, int u, int cn, int& bi, int& bj, int& col0) {
+  const int tile = warp + 8 * u;
+  if (tile >= 20) return false;
+  lower_block(tile >> 1, bi, bj);
+  col0 = 16 * bj + 8 * (tile & 1);
+  return 16 * bi < cn;
+}
+
 // acc[m] += rows 16·bi.. of A_m times rows col0.. of K, transposed (one m16n8 tile of A_m Kᵀ over DK
 // dimensions; A_m and K row-major with pitch DK + 4) for the NM matrices A_m, each B fragment read and
 // split once for all of them; 3xTF32, the big accumulators flushed every kRun.

@@ -1295,6 +1295,73 @@ TEST(CudaMatmul, DISABLED_Timing) {
   }
 }
 
+// Timing of the GDN layer's memory-bound ops at Kev's passes: the causal conv (x a column view of the
+// in_proj output, as in the model: 0.8b C = 6,144 of 8,224 columns, 4b C = 8,192 of 12,352; K = 4)
+// and rms_norm_gated (Hv heads of dv = 128 gated by SiLU(z)) over the 2,187-token prefill from zero
+// (conv with state_out), the 250-token prefill and 6 question rows of 37 tokens from a prefix. Each
+// sample records 20 ops into one pass, replayed as a CUDA graph; the median per op is printed with
+// the DRAM rate of its compulsory traffic (x read and out written once; the norm: x, z and out).
+// Not a benchmark protocol. Run with
+//   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='CudaGdnOps.DISABLED_Timing'
+TEST(CudaGdnOps, DISABLED_Timing) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  using testing::make_f32;
+  using testing::randn;
+  struct Pass {
+    const char* model;
+    int64_t C, width, Hv, rows, len;
+  };
+  constexpr int kOpsPerSample = 20;
+  for (const Pass& p : {Pass{"0.8b", 6144, 8224, 16, 1, 2187}, Pass{"4b", 8192, 12352, 32, 1, 2187},
+                        Pass{"0.8b", 6144, 8224, 16, 1, 250}, Pass{"4b", 8192, 12352, 32, 1, 250},
+                        Pass{"0.8b", 6144, 8224, 16, 6, 37}, Pass{"4b", 8192, 12352, 32, 6, 37}}) {
+    const int64_t n = p.rows * p.len, K = 4, dv = 128;
+    SeqLayout layout;
+    layout.offsets = {0};
+    for (int64_t r = 0; r < p.rows; ++r) layout.offsets.push_back(static_cast<int32_t>((r + 1) * p.len));
+    layout.from_prefix = p.rows > 1;
+    auto wide = make_f32(*gpu, {n, p.width}, randn(n * p.width, 1.0f, 41));
+    auto w = make_f32(*gpu, {p.C, K}, randn(p.C * K, 0.5f, 42));
+    auto state = make_f32(*gpu, {p.C, K}, randn(p.C * K, 1.0f, 43));
+    auto state_out = make_f32(*gpu, {p.C, K});
+    auto conv_out = make_f32(*gpu, {n, p.C});
+    const Tensor x = wide.t.slice(1, 0, p.C);
+    const Tensor s_out = p.rows == 1 ? state_out.t : Tensor{};
+    auto conv = [&] {
+      for (int i = 0; i < kOpsPerSample; ++i) {
+        const Status st = gpu->causal_conv1d_silu(x, w.t, state.t, layout, conv_out.t, s_out);
+        if (!st.ok()) return st;
+      }
+      return gpu->synchronize();
+    };
+    const int64_t d = p.Hv * dv;
+    auto core = make_f32(*gpu, {n, p.Hv, dv}, randn(n * d, 1.0f, 44));
+    auto z = make_f32(*gpu, {n, p.Hv, dv}, randn(n * d, 1.0f, 45));
+    auto nw = make_f32(*gpu, {dv}, randn(dv, 0.2f, 46));
+    auto norm_out = make_f32(*gpu, {n, p.Hv, dv});
+    auto norm = [&] {
+      for (int i = 0; i < kOpsPerSample; ++i) {
+        const Status st = gpu->rms_norm_gated(core.t, z.t, nw.t, 1e-6f, norm_out.t);
+        if (!st.ok()) return st;
+      }
+      return gpu->synchronize();
+    };
+    struct Op {
+      const char* name;
+      std::function<Status()> sample;
+      double bytes;
+    };
+    for (const Op& op : {Op{"causal_conv1d_silu", conv, 8.0 * n * p.C}, Op{"rms_norm_gated", norm, 12.0 * n * d}}) {
+      const std::vector<double> ms = replayed_ms_per_op(op.sample, kOpsPerSample, std::chrono::seconds(1));
+      ASSERT_FALSE(ms.empty());
+      const double med = ms[ms.size() / 2];
+      std::printf("%s %s, %lld rows x %lld tokens: median %.4f ms, min %.4f ms (%zu samples), %.2f TB/s\n", op.name,
+                  p.model, static_cast<long long>(p.rows), static_cast<long long>(p.len), med, ms.front(), ms.size(),
+                  op.bytes / med * 1e-9);
+    }
+  }
+}
+
 TEST(CudaGraphs, SameShapeOtherOffsetsMatchesCpu) {
   KEV_CUDA_OR_SKIP(gpu, true);
   MiniPass pg(*gpu), pc(cpu_reference());

@@ -11,15 +11,21 @@
 // base pointers allow; else V = 1) and a run of R tokens, loads the run's inputs and the 3 rows before
 // it into registers in one unrolled burst (rows of another sequence are loaded but never used), finds
 // the run's first sequence by binary search and steps to the next one at each boundary inside the run.
-// R = 16 for passes of 1,024 tokens or more (each input row fetched 19/16 times, not K times), else
-// R = 4: the grid of a few hundred tokens then still has ~1,000 blocks (4B, 250 tokens: 63 x 16) with
+// R = 4 (7 input rows per run, each row fetched 7/4 times, mostly from L2): a few hundred tokens still
+// give ~1,000 blocks (4B, 250 tokens: 63 x 16), 64 registers (8 blocks of 128 threads per SM) with
 // 7 independent float4 loads per thread in flight. Measured on the H200 (4B, C = 8192): 2,187 tokens
 // 108 us with 16-token runs against 165 with a thread per (token, 4 channels); 220 question-row tokens
 // 26 us per (token, 4 channels) thread (each input row loaded K times, the weights once per token)
-// against 31.5 with 16-token runs (224 blocks: too few threads). K > 4: conv_kernel, grid (n, ceil(C / (V·256))),
-// 256 threads, a thread per token and V channels, finding its sequence by binary search. All accumulate
-// the K taps in FP32 in tap order, so a token's result does not depend on the kernel or run length; the
-// grids depend only on n and C, never on the offsets.
+// against 31.5 with 16-token runs (224 blocks: too few threads). 16-token runs (120 registers: 4
+// blocks per SM, each thread's 19 loads, then its 16 outputs) then lost to 4-token runs on long passes
+// too (2026-12-02, `CudaGdnOps.DISABLED_Timing`, 2,187 tokens from zero with state_out, x a view of the
+// in_proj output): 0.8B 75.9 / 75.1 -> 60.4 us, 4B 94.6 / 93.3 -> 75.9 us; 8-token runs (90 registers)
+// timed the same as 4 (60.2 / 78.7; channel-major block order 58.9 / 76.8), and 16-token runs with the
+// next 4 or 8 rows' loads issued before each group's outputs (a compiler fence between) 71-74 / 88-92.
+// K > 4: conv_kernel, grid (n, ceil(C / (V·256))), 256 threads, a thread per token and V channels,
+// finding its sequence by binary search. All accumulate the K taps in FP32 in tap order, so a token's
+// result does not depend on the kernel or run length; the grids depend only on n and C, never on the
+// offsets.
 // state_out: one thread per channel (ceil(C/256) blocks) loading its K values (4 at a time) before
 // storing them — state_out may be the identical view of state_in, and column j reads column L+j >= j of
 // the same channel, which no earlier store of that thread has written, so it is race-free (the loads
@@ -85,11 +91,11 @@ __global__ void conv_kernel(ConvArgs a) {
 
 // A thread walks kRun consecutive tokens of V channels with the run's inputs (and the K − 1 rows
 // before it) in registers, so each input row is fetched once per run instead of K times.
-constexpr int kRunThreads = 128, kMaxRunK = 4, kLongRun = 16, kShortRun = 4;
-constexpr int64_t kLongRunMinTokens = 1024;
+constexpr int kRunThreads = 128, kMaxRunK = 4, kRunTokens = 4;
 
-template <int V, int kRun>
+template <int V>
 __global__ void __launch_bounds__(kRunThreads) conv_run_kernel(ConvArgs a) {
+  constexpr int kRun = kRunTokens;
   const int64_t c = (static_cast<int64_t>(blockIdx.y) * kRunThreads + threadIdx.x) * V;
   if (c >= a.C) return;
   const int K = static_cast<int>(a.K);
@@ -177,19 +183,12 @@ cudaError_t launch_causal_conv1d_silu(const ConvArgs& a, cudaStream_t stream) {
                       aligned16(a.x) && aligned16(a.out);
     const int V = vec4 ? 4 : 1;
     if (a.K <= kMaxRunK) {
-      const int run = a.n_tokens >= kLongRunMinTokens ? kLongRun : kShortRun;
-      const dim3 grid(static_cast<unsigned>((a.n_tokens + run - 1) / run),
+      const dim3 grid(static_cast<unsigned>((a.n_tokens + kRunTokens - 1) / kRunTokens),
                       static_cast<unsigned>((a.C + V * kRunThreads - 1) / (V * kRunThreads)));
-      if (run == kLongRun) {
-        if (vec4) {
-          conv_run_kernel<4, kLongRun><<<grid, kRunThreads, 0, stream>>>(a);
-        } else {
-          conv_run_kernel<1, kLongRun><<<grid, kRunThreads, 0, stream>>>(a);
-        }
-      } else if (vec4) {
-        conv_run_kernel<4, kShortRun><<<grid, kRunThreads, 0, stream>>>(a);
+      if (vec4) {
+        conv_run_kernel<4><<<grid, kRunThreads, 0, stream>>>(a);
       } else {
-        conv_run_kernel<1, kShortRun><<<grid, kRunThreads, 0, stream>>>(a);
+        conv_run_kernel<1><<<grid, kRunThreads, 0, stream>>>(a);
       }
     } else {
       const dim3 grid(static_cast<unsigned>(a.n_tokens),

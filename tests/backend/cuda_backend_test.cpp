@@ -549,7 +549,7 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaMatmulShare, ::testing::Values(DType::BF16, D
 // three times (direct, captured, replayed). Cases: add_rms_norm on wide rows (the 128-thread row
 // kernel) and on 256-float rows (the warp kernel); rms_norm_gated in place on [n, Hv, dv] with the
 // matmul over [n, Hv·dv] (a block of Hv warps per GEMM row); swiglu; sigmoid_mul in place on
-// [n, H, hd] (a GEMM row of H rows); gains and magnitudes that put rows at 1e-6 ... 1e6 (outside
+// [n, H, hd] (a GEMM row of H rows); passes long enough for the optimistic copy and its fix-up; gains and magnitudes that put rows at 1e-6 ... 1e6 (outside
 // FP16's range, so row-scaled); and matmuls whose x is NOT the producer's out (another tensor; the
 // first half of each out row), where the producer must stay as it was.
 enum class Producer { AddRmsNorm, RmsNormGated, Swiglu, SigmoidMul };
@@ -585,6 +585,12 @@ TEST(CudaMatmul, ProducerWritingTheF16InputKeepsTheBits) {
       {"swiglu long rows", Producer::Swiglu, 5, 1, 16400, 48, 1.0f, true, 0},
       {"swiglu 0.8b", Producer::Swiglu, 14, 1, 3584, 48, 1.0f, true, 0},
       {"rms_norm_gated long rows", Producer::RmsNormGated, 14, 4, 520, 48, 1.0f, true, 0},
+      // Passes of kOptimisticMinGemmRows GEMM rows or more (f16_rows.cuh: the copy written as if s = 1,
+      // then the fix-up), with warps whose lanes span two GEMM rows (swiglu d = 100: 25 float4s a row).
+      {"swiglu long pass", Producer::Swiglu, 1100, 1, 256, 48, 1.0f, true, 0},
+      {"swiglu long pass, rows across warps", Producer::Swiglu, 1030, 1, 100, 48, 1.0f, true, 0},
+      {"rms_norm_gated long pass", Producer::RmsNormGated, 1030, 8, 128, 48, 1.0f, true, 0},
+      {"sigmoid_mul long pass", Producer::SigmoidMul, 1030, 4, 64, 48, 1.0f, true, 0},
   };
   for (const ProducerMatmulCase& c : cases) {
     SCOPED_TRACE(c.name);

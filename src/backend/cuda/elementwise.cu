@@ -16,23 +16,31 @@
 // Launch: binary maps: one thread per float4 (when d, every row stride and every base pointer allow
 // 16-byte access; else per float) of the flattened [rows, d] space, 256 per block, grid.x =
 // ceil(rows·d / (4·256)); when the map also writes the FP16 copy of its out for the next matmul
-// (binary_half, float4 path only, f16_rows.cuh's rule): one block per GEMM row (`group` rows of out:
-// sigmoid_mul's H heads of a token), the row's max needing the whole row, of about one thread per two
-// float4s of the row (row_threads: 32..1,024; 4B swiglu's 2,304 float4s get 1,024 threads), a thread
-// issuing all its loads of x and y (up to 4 float4s each per chunk) before computing, and converting
-// the outputs it holds in registers (rows past 4,096 float4s: earlier chunks read back). The earlier
-// 256-thread block looping over the row with one pair of loads in flight ran at ~15 % of DRAM
-// bandwidth (4B short prefill, 250 x 9216 swiglu: 25.3 us under Nsight Compute); holding 12 float4s a
-// thread in 256-thread blocks had been tried before and was slower (101 → 170 us on the long prefill),
-// so the block grows with the row instead. copy: one thread per element of the flattened [rows, d] space, 256 per
+// (binary_half, float4 path only, f16_rows.cuh's rule, `group` rows of out per GEMM row: sigmoid_mul's
+// H heads of a token): with kOptimisticMinGemmRows GEMM rows or more (Kev's long prefills) the same
+// grid writes it optimistically (f16_rows.cuh: FP16 as if s = 1, one atomic max per warp into the GEMM
+// row's zeroed scale slot), then f16_rows_fixup, one 128-thread block per GEMM row, turns the max into
+// the scale and converts the rare rows with s != 1 again from out; fewer rows take one block per GEMM
+// row, the row's max needing the whole row, of about one thread per two float4s of the row
+// (row_threads: 32..1,024; 4B swiglu's 2,304 float4s get 1,024 threads), a thread issuing all its
+// loads of x and y (up to 4 float4s each per chunk) before computing, and converting the outputs it
+// holds in registers (rows past 4,096 float4s: earlier chunks read back). H200, `KEV_CUDA_TRACE=ops`,
+// 2026-12-02, per call, block per row → optimistic: 4B 2,187-token prefill swiglu 140.5 → 101.0 us,
+// sigmoid_mul 61.1 → 53.7; 0.8B swiglu 52.7 → 45.4; but 0.8B short passes (220-250 rows) swiglu 9.7 →
+// 12.4 us, sigmoid_mul 9.0 → 11.2 (the memset and the fix-up launch cost more than the block-wide max
+// there). An earlier 256-thread block looping over the row with one pair of loads in flight ran at
+// ~15 % of DRAM bandwidth (4B short prefill, 250 x 9216 swiglu: 25.3 us under Nsight Compute); holding
+// 12 float4s a thread in 256-thread blocks had been tried before and was slower (101 → 170 us on the
+// long prefill). copy: one thread per element of the flattened [rows, d] space, 256 per
 // block (F32 to F32 under the binary maps' float4 conditions: one thread per float4; the per-element
 // kernel reached 1.67 TB/s on the H200, which kev_benchmark --ceilings reported as the copy ceiling).
 // gdn_gates: one thread per (token, head), 256 per block. f32_to_bf16_rows: grid
 // (n, min(ceil(k / (4·256)), 65535)), a thread converting 4 consecutive values (float4 in, 8 bytes
 // out) per step when x's rows are 16-byte aligned and k % 4 == 0, else one value per step (grid.y
 // from ceil(k / 256)). f32_to_f16_rows_scaled: one block per row of row_threads(k / 4) threads as
-// binary_half (the row's max needs the whole row), the row loaded in one burst and converted from
-// registers, with float4 loads and 8-byte stores under f32_to_bf16_rows' conditions (else per value).
+// binary_half's short passes (the row's max needs the whole row), the row loaded in one burst and
+// converted from registers, with float4 loads and 8-byte stores under f32_to_bf16_rows' conditions
+// (else per value).
 // scale_bias_rows: one 256-thread block per row. An output may be the identical
 // view of an input: each element is read by the thread that writes it, before it writes it.
 // Binary maps right after the F16-weight matmul that wrote x and y (swiglu's gate and up; in_scales):
@@ -50,6 +58,7 @@ namespace kev::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kFixupThreads = 128;  // per GEMM row; most rows only turn their max into scale 1
 
 
 
@@ -89,26 +98,59 @@ __device__ __forceinline__ void load_rescaled(const float* xp, const float* yp, 
   }
 }
 
-template <BinaryKind kKind, int V>
+// kHalf (V = 4): also out's FP16 copy, written optimistically (f16_rows.cuh): FP16(o) into half (the
+// [rows / group, group·d] copy is [rows, d] row-major, so vector i lands at 4·i) and the GEMM row's
+// max raised; every lane stays to the end for the warp's shuffles.
+template <BinaryKind kKind, int V, bool kHalf = false>
 __global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales, float* out,
-                              Rows outr, uint32_t dv, uint32_t total) {
+                              Rows outr, uint32_t dv, uint32_t total, __half* half = nullptr, float* scales = nullptr,
+                              uint32_t group = 1) {
+  static_assert(!kHalf || V == 4, "the FP16 copy takes the float4 path");
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  const uint32_t row = i / dv, col = (i - row * dv) * V;
-  float* op = out + row_offset(outr, row) + col;
-  VecOf<V> a, b;
-  load_rescaled<V>(x + row_offset(xr, row) + col, y + row_offset(yr, row) + col, row_scale(in_scales, row), a, b);
-  if constexpr (V == 4) {
-    *reinterpret_cast<float4*>(op) = make_float4(binary_op<kKind>(a.x, b.x), binary_op<kKind>(a.y, b.y),
-                                                 binary_op<kKind>(a.z, b.z), binary_op<kKind>(a.w, b.w));
-  } else {
-    *op = binary_op<kKind>(a, b);
+  if (!kHalf && i >= total) return;
+  float mx = 0.0f;
+  uint32_t grow = ~0u;
+  if (i < total) {
+    const uint32_t row = i / dv, col = (i - row * dv) * V;
+    float* op = out + row_offset(outr, row) + col;
+    VecOf<V> a, b;
+    load_rescaled<V>(x + row_offset(xr, row) + col, y + row_offset(yr, row) + col, row_scale(in_scales, row), a, b);
+    if constexpr (V == 4) {
+      const float4 o = make_float4(binary_op<kKind>(a.x, b.x), binary_op<kKind>(a.y, b.y), binary_op<kKind>(a.z, b.z),
+                                   binary_op<kKind>(a.w, b.w));
+      *reinterpret_cast<float4*>(op) = o;
+      if constexpr (kHalf) {
+        store_f16(half + 4 * static_cast<int64_t>(i), o, 1.0f);
+        mx = abs_max(o);
+        grow = row / group;
+      }
+    } else {
+      *op = binary_op<kKind>(a, b);
+    }
+  }
+  if constexpr (kHalf) raise_row_max_warp(scales, grow, mx);
+}
+
+// launch_f16_rows_fixup: one block per GEMM row (group rows of out of dv float4s; half that row's copy).
+// The slot holds the row's max until every thread has read it, then its scale; a row whose scale is
+// not 1 is converted again from out.
+__global__ void f16_rows_fixup_kernel(const float* out, Rows outr, uint32_t dv, uint32_t group, __half* half,
+                                      float* scales) {
+  const float inv = f16_row_inverse_scale(scales[blockIdx.x]);
+  __syncthreads();
+  if (threadIdx.x == 0) scales[blockIdx.x] = 1.0f / inv;
+  if (inv == 1.0f) return;
+  const uint32_t per_row = group * dv;
+  __half* h = half + static_cast<int64_t>(blockIdx.x) * per_row * 4;
+  for (uint32_t e = threadIdx.x; e < per_row; e += blockDim.x) {
+    const uint32_t sub = e / dv, row = blockIdx.x * group + sub;
+    store_f16(h + 4 * e, *reinterpret_cast<const float4*>(out + row_offset(outr, row) + (e - sub * dv) * 4), inv);
   }
 }
 
-// The per-row kernels that need a row's max before converting (binary_half, f32_to_f16_rows_scaled):
-// a block of row_threads(v) threads per row of v vectors, a thread holding up to kRowVecs of them in
-// registers per chunk of blockDim.x · kRowVecs, all its loads of a chunk issued before any use; rows
+// The per-row kernels that need a row's max before converting (binary_half under
+// kOptimisticMinGemmRows, f32_to_f16_rows_scaled): a block of row_threads(v) threads per row of v
+// vectors, a thread holding up to kRowVecs of them in registers per chunk of blockDim.x · kRowVecs, all its loads of a chunk issued before any use; rows
 // up to 1,024 · kRowVecs vectors are one chunk and are converted from registers, longer ones re-read
 // their earlier chunks (their own writes) for the conversion.
 constexpr int kRowVecs = 4, kMaxRowThreads = 1024;
@@ -157,8 +199,8 @@ __device__ __forceinline__ void store_row_f16(float mx, float* scale, __half* ds
   }
 }
 
-// One block per GEMM row (`group` rows of d floats): the map as binary_kernel computes it, stored,
-// then the block's max and the FP16 copy.
+// binary_half of a pass under kOptimisticMinGemmRows: one block per GEMM row (`group` rows of d
+// floats), the map as binary_kernel computes it, stored, then the block's max and the FP16 copy.
 template <BinaryKind kKind>
 __global__ void __launch_bounds__(kMaxRowThreads)
     binary_half_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales, float* out,
@@ -350,7 +392,7 @@ cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const
 bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Rows& yr, const float* out,
                         const Rows& outr, int64_t d, int group) {
   const int64_t rows = xr.count();
-  return group >= 1 && rows % group == 0 && d % 4 == 0 && group * d < (int64_t{1} << 31) && rows_vec4(xr) &&
+  return group >= 1 && rows % group == 0 && d % 4 == 0 && rows * d < kMaxElementwise && rows_vec4(xr) &&
          rows_vec4(yr) && rows_vec4(outr) && aligned16(x) && aligned16(y) && aligned16(out);
 }
 
@@ -360,23 +402,54 @@ cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, 
   const int64_t rows = xr.count();
   if (rows == 0 || d == 0) return cudaSuccess;
   if (!binary_writes_half(x, xr, y, yr, out, outr, d, group)) return cudaErrorInvalidValue;
-  const unsigned grid = static_cast<unsigned>(rows / group), threads = row_threads(group * d / 4);
-  const uint32_t dv = static_cast<uint32_t>(d / 4), g = static_cast<uint32_t>(group);
+  const uint32_t dv = static_cast<uint32_t>(d / 4), total = static_cast<uint32_t>(rows * dv),
+                 g = static_cast<uint32_t>(group);
   __half* h = reinterpret_cast<__half*>(half);
+  if (rows / group < kOptimisticMinGemmRows) {
+    const unsigned grid = static_cast<unsigned>(rows / group), threads = row_threads(group * d / 4);
+    switch (kind) {
+      case BinaryKind::SigmoidMul:
+        binary_half_kernel<BinaryKind::SigmoidMul>
+            <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+        break;
+      case BinaryKind::Swiglu:
+        binary_half_kernel<BinaryKind::Swiglu>
+            <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+        break;
+      case BinaryKind::Add:
+        binary_half_kernel<BinaryKind::Add>
+            <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+        break;
+    }
+    return cudaGetLastError();
+  }
+  cudaError_t err = cudaMemsetAsync(scales, 0, static_cast<size_t>(rows / group) * sizeof(float), stream);
+  if (err != cudaSuccess) return err;
+  const unsigned grid = (total + kThreads - 1) / kThreads;
   switch (kind) {
     case BinaryKind::SigmoidMul:
-      binary_half_kernel<BinaryKind::SigmoidMul>
-          <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+      binary_kernel<BinaryKind::SigmoidMul, 4, true>
+          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, total, h, scales, g);
       break;
     case BinaryKind::Swiglu:
-      binary_half_kernel<BinaryKind::Swiglu>
-          <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+      binary_kernel<BinaryKind::Swiglu, 4, true>
+          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, total, h, scales, g);
       break;
     case BinaryKind::Add:
-      binary_half_kernel<BinaryKind::Add>
-          <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
+      binary_kernel<BinaryKind::Add, 4, true>
+          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, total, h, scales, g);
       break;
   }
+  err = cudaGetLastError();
+  return err != cudaSuccess ? err : launch_f16_rows_fixup(out, outr, d, group, half, scales, stream);
+}
+
+cudaError_t launch_f16_rows_fixup(const float* out, const Rows& outr, int64_t d, int group, uint16_t* half,
+                                  float* scales, cudaStream_t stream) {
+  const int64_t grows = outr.count() / group;
+  if (grows == 0 || d == 0) return cudaSuccess;
+  f16_rows_fixup_kernel<<<static_cast<unsigned>(grows), kFixupThreads, 0, stream>>>(
+      out, outr, static_cast<uint32_t>(d / 4), static_cast<uint32_t>(group), reinterpret_cast<__half*>(half), scales);
   return cudaGetLastError();
 }
 

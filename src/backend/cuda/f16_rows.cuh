@@ -4,6 +4,14 @@
 // max|x| lies outside [2^-10, 2^15] (then max|x| / s lies in [2^14, 2^15]); the GEMM's row is
 // multiplied by s afterwards. Every writer takes the row max with fmaxf (NaN ignored, order-free) and
 // rounds with these functions, so the copies are bit-identical whichever kernel wrote them.
+// The producers whose GEMM row spans several warps (norms.cu's warp-per-row kernels: a token's heads;
+// elementwise.cu's binary maps) write the copy optimistically instead of taking a block-wide max
+// first: they store FP16(v) as if s = 1 and raise their GEMM row's slot of the scales (zeroed before)
+// to their largest |value| (raise_row_max); then launch_f16_rows_fixup turns each slot into the row's
+// scale and rewrites the rare rows whose max lies outside [2^-10, 2^15]. Same bits as converting after
+// the max (v · 1 rounds as v does), without holding a GEMM row in one block. Only passes of
+// kOptimisticMinGemmRows GEMM rows or more take it: in shorter ones the slots' memset and the fix-up
+// launch cost more than a block-wide max (docs/backends.md).
 // Where the op recorded right after the matmul consumes exactly its out (add_rms_norm's y, swiglu's
 // gate and up), the backend drops the GEMM's rescale and that op's kernel multiplies each input row
 // by s as it reads it (row_scale, rescaled below) and stores the product back where s != 1, so both
@@ -16,6 +24,8 @@
 #include <cstdint>
 
 namespace kev::cuda {
+
+constexpr int64_t kOptimisticMinGemmRows = 1024;
 
 __device__ __forceinline__ float abs_max(float v) { return fabsf(v); }
 __device__ __forceinline__ float abs_max(const float4& v) {
@@ -62,6 +72,25 @@ __device__ __forceinline__ float block_max(float v, float* part) {
   v = part[0];
   for (unsigned w = 1; w < blockDim.x / 32; ++w) v = fmaxf(v, part[w]);
   return v;
+}
+
+// Raises a GEMM row's max slot (scales[r] before launch_f16_rows_fixup) to mx, the largest |value| a
+// thread wrote: float bits of non-negative values order as integers. NaN (and 0) leave it, as fmaxf
+// from 0 ignores NaN in the block-wide rule.
+__device__ __forceinline__ void raise_row_max(float* slot, float mx) {
+  if (mx > 0.0f) atomicMax(reinterpret_cast<int*>(slot), __float_as_int(mx));
+}
+
+// raise_row_max for a whole warp (all 32 lanes present) whose lanes hold GEMM row grow (~0u: nothing):
+// one atomic per warp when its lanes share a row (the common case), else one per lane.
+__device__ __forceinline__ void raise_row_max_warp(float* scales, uint32_t grow, float mx) {
+  const uint32_t first = __shfl_sync(0xffffffffu, grow, 0);
+  if (__all_sync(0xffffffffu, grow == first || grow == ~0u)) {
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0 && first != ~0u) raise_row_max(scales + first, mx);
+  } else if (grow != ~0u) {
+    raise_row_max(scales + grow, mx);
+  }
 }
 
 }  // namespace kev::cuda

@@ -97,12 +97,18 @@ cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const
 // launch_binary that also writes out's FP16 copy for the F16-weight matmul recorded right after it (as
 // NormArgs::half): each `group` consecutive rows of out form one GEMM row; half [rows / group, group·d]
 // contiguous, scales [rows / group]. Only where binary_writes_half holds (float4 access, group divides
-// the rows, a GEMM row under 2^31 floats).
+// the rows, the flattened index within 32 bits). Three launches: the scales zeroed, the map writing the
+// copy optimistically, launch_f16_rows_fixup (f16_rows.cuh).
 bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Rows& yr, const float* out,
                         const Rows& outr, int64_t d, int group);
 cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,
                                const float* in_scales, float* out, const Rows& outr, int64_t d, uint16_t* half,
                                float* scales, int group, cudaStream_t stream);
+// The end of an optimistic FP16 copy (f16_rows.cuh): scales[r] holds the max |value| of GEMM row r
+// (group consecutive rows of out, d % 4 == 0, float4-aligned) and becomes its scale; the rows whose
+// scale is not 1 are converted again from out into half [rows / group, group·d].
+cudaError_t launch_f16_rows_fixup(const float* out, const Rows& outr, int64_t d, int group, uint16_t* half,
+                                  float* scales, cudaStream_t stream);
 // out = x with F32/BF16 on either side (BF16 rounds to nearest even, NaN kept quiet).
 cudaError_t launch_copy(const void* x, bool x_bf16, const Rows& xr, void* out, bool out_bf16, const Rows& outr,
                         int64_t d, cudaStream_t stream);

@@ -253,6 +253,10 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
     }
   }
 }
+
+// The chunk's P and M as the recurrence reads them: the rows < cn of their 10 lower 16×16 blocks (what
+// the products kernel writes; rows past cn are zero). Float4 u of thread tid: matrix, block, row and
+// 4-column group of index tid + u·kThreads over the 2 × 10 × 16 × 4 float4s.
 constexpr int kMP4 = 2 * 10 * 16 * 4 / kThreads;
 static_assert(kMP4 * kThreads == 2 * 10 * 16 * 4, "the lower blocks' float4s split evenly over the threads");
 

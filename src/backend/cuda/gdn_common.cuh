@@ -281,9 +281,7 @@ __device__ __forceinline__ void times_state(const float* const (&As)[NM], const 
   }
 }
 
-// The chunk's P and M as the recurrence reads them: the rows < cn of their 10 lower 16×16 blocks (what
-// the products kernel writes; rows past cn are zero). Float4 u of thread tid: matrix, block, row and
-
+// float4 loads of q/k/v rows and stores of out rows need 16-byte aligned rows and dv % 4 == 0 (a
 // slice's float4 column groups then never straddle the end of a row); the state slice's 16-byte copies
 // need state_in aligned too.
 inline bool vectorizable(const GdnArgs& a) {

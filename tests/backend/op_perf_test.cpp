@@ -150,6 +150,10 @@ TEST(DISABLED_Perf, GatedDeltaRuleCuda4bT2187) {
   time_cuda_gdn("cuda gated_delta_rule 4b, 1 x 2187 tokens from a state, with state_out", {2187}, true);
 }
 
+TEST(DISABLED_Perf, GatedDeltaRuleCuda08bT2187) {
+  time_cuda_gdn("cuda gated_delta_rule 0.8b, 1 x 2187 tokens from a state, with state_out", {2187}, true, 16);
+}
+
 TEST(DISABLED_Perf, GatedDeltaRuleCuda4bT250) {
   time_cuda_gdn("cuda gated_delta_rule 4b, 1 x 250 tokens from a state, with state_out", {250}, true);
 }

@@ -92,8 +92,8 @@ constexpr GdnShape kTiny{2, 4, 32, 32, "tiny"};
 constexpr GdnShape k08b{16, 16, 128, 128, "0.8b"};
 constexpr GdnShape k4b{16, 32, 128, 128, "4b"};
 // Question rows take the rows kernels only when the recurrence's grid, ceil(dv / 32)·Hv·rows blocks,
-// exceeds four per SM (gated_delta_rule_rows.cu, rows_pass); these shapes have over 1,000 with 3 to 5 rows,
-// enough up to ~250 SMs. kRowsOddDv: dv % 4 != 0, the kernels' scalar paths.
+// exceeds two per SM (gated_delta_rule_rows.cu, rows_pass); these shapes have over 1,000 with 3 to 5 rows,
+// enough up to ~500 SMs. kRowsOddDv: dv % 4 != 0, the kernels' scalar paths.
 constexpr GdnShape kRowsTiny{2, 256, 32, 32, "rows_tiny"};
 constexpr GdnShape kRowsDkDv{1, 192, 32, 48, "rows_dk!=dv"};
 constexpr GdnShape kRowsOddDv{2, 384, 64, 6, "rows_odd_dv"};

@@ -150,9 +150,10 @@ __global__ void f16_rows_fixup_kernel(const float* out, Rows outr, uint32_t dv, 
 
 // The per-row kernels that need a row's max before converting (binary_half under
 // kOptimisticMinGemmRows, f32_to_f16_rows_scaled): a block of row_threads(v) threads per row of v
-// vectors, a thread holding up to kRowVecs of them in registers per chunk of blockDim.x · kRowVecs, all its loads of a chunk issued before any use; rows
-// up to 1,024 · kRowVecs vectors are one chunk and are converted from registers, longer ones re-read
-// their earlier chunks (their own writes) for the conversion.
+// vectors, a thread holding up to kRowVecs of them in registers per chunk of blockDim.x · kRowVecs,
+// all its loads of a chunk issued before any use; rows up to 1,024 · kRowVecs vectors are one chunk
+// and are converted from registers, longer ones re-read their earlier chunks (their own writes) for the
+// conversion.
 constexpr int kRowVecs = 4, kMaxRowThreads = 1024;
 
 // About two vectors a thread: more threads in flight than bytes per thread.
@@ -258,6 +259,23 @@ void launch_binary_kind(bool vec4, int64_t rows, const float* x, const Rows& xr,
   } else {
     binary_kernel<kKind, 1>
         <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, static_cast<uint32_t>(d), total);
+  }
+}
+
+// binary_half's kernel for one kind: one block per GEMM row, or (optimistic) binary_kernel writing the
+// copy as if s = 1 over the flattened grid.
+template <BinaryKind kKind>
+void launch_binary_half_kind(bool optimistic, int64_t rows, const float* x, const Rows& xr, const float* y,
+                             const Rows& yr, const float* in_scales, float* out, const Rows& outr, int64_t d,
+                             __half* half, float* scales, int group, cudaStream_t stream) {
+  const uint32_t dv = static_cast<uint32_t>(d / 4), g = static_cast<uint32_t>(group);
+  if (optimistic) {
+    const uint32_t total = static_cast<uint32_t>(rows * dv);  // < kMaxElementwise (binary_writes_half)
+    binary_kernel<kKind, 4, true><<<(total + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+        x, xr, y, yr, in_scales, out, outr, dv, total, half, scales, g);
+  } else {
+    binary_half_kernel<kKind><<<static_cast<unsigned>(rows / group), row_threads(group * d / 4), 0, stream>>>(
+        x, xr, y, yr, in_scales, out, outr, dv, g, half, scales);
   }
 }
 
@@ -402,46 +420,28 @@ cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, 
   const int64_t rows = xr.count();
   if (rows == 0 || d == 0) return cudaSuccess;
   if (!binary_writes_half(x, xr, y, yr, out, outr, d, group)) return cudaErrorInvalidValue;
-  const uint32_t dv = static_cast<uint32_t>(d / 4), total = static_cast<uint32_t>(rows * dv),
-                 g = static_cast<uint32_t>(group);
-  __half* h = reinterpret_cast<__half*>(half);
-  if (rows / group < kOptimisticMinGemmRows) {
-    const unsigned grid = static_cast<unsigned>(rows / group), threads = row_threads(group * d / 4);
-    switch (kind) {
-      case BinaryKind::SigmoidMul:
-        binary_half_kernel<BinaryKind::SigmoidMul>
-            <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
-        break;
-      case BinaryKind::Swiglu:
-        binary_half_kernel<BinaryKind::Swiglu>
-            <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
-        break;
-      case BinaryKind::Add:
-        binary_half_kernel<BinaryKind::Add>
-            <<<grid, threads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, g, h, scales);
-        break;
-    }
-    return cudaGetLastError();
+  const bool optimistic = rows / group >= kOptimisticMinGemmRows;
+  if (optimistic) {
+    const cudaError_t err = cudaMemsetAsync(scales, 0, static_cast<size_t>(rows / group) * sizeof(float), stream);
+    if (err != cudaSuccess) return err;
   }
-  cudaError_t err = cudaMemsetAsync(scales, 0, static_cast<size_t>(rows / group) * sizeof(float), stream);
-  if (err != cudaSuccess) return err;
-  const unsigned grid = (total + kThreads - 1) / kThreads;
+  __half* h = reinterpret_cast<__half*>(half);
   switch (kind) {
     case BinaryKind::SigmoidMul:
-      binary_kernel<BinaryKind::SigmoidMul, 4, true>
-          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, total, h, scales, g);
+      launch_binary_half_kind<BinaryKind::SigmoidMul>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d, h,
+                                                      scales, group, stream);
       break;
     case BinaryKind::Swiglu:
-      binary_kernel<BinaryKind::Swiglu, 4, true>
-          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, total, h, scales, g);
+      launch_binary_half_kind<BinaryKind::Swiglu>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d, h,
+                                                  scales, group, stream);
       break;
     case BinaryKind::Add:
-      binary_kernel<BinaryKind::Add, 4, true>
-          <<<grid, kThreads, 0, stream>>>(x, xr, y, yr, in_scales, out, outr, dv, total, h, scales, g);
+      launch_binary_half_kind<BinaryKind::Add>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d, h, scales,
+                                               group, stream);
       break;
   }
-  err = cudaGetLastError();
-  return err != cudaSuccess ? err : launch_f16_rows_fixup(out, outr, d, group, half, scales, stream);
+  const cudaError_t err = cudaGetLastError();
+  return err != cudaSuccess || !optimistic ? err : launch_f16_rows_fixup(out, outr, d, group, half, scales, stream);
 }
 
 cudaError_t launch_f16_rows_fixup(const float* out, const Rows& outr, int64_t d, int group, uint16_t* half,

@@ -48,7 +48,7 @@ cudaError_t launch_gated_delta_rule(const GdnArgs& a, void* workspace, cudaStrea
 // Hk >= 1 divides Hv, Hv <= 65535. The launch additionally needs 1 <= n_seqs <= 65535 and state_out
 // only with n_seqs == 1 (cudaErrorInvalidValue otherwise). Any strides and alignment are accepted
 // (float4 accesses when aligned). The workspace (gated_delta_rule_workspace_bytes, 16-byte aligned) holds
-// the chunk products (question rows: Q̃, see gated_delta_rule.cu).
+// the chunk products (question rows: Q̃, see gated_delta_rule_rows.cu).
 bool gated_delta_rule_supported(int Hk, int Hv, int dk, int dv);
 
 }  // namespace kev::cuda

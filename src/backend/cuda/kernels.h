@@ -97,8 +97,9 @@ cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const
 // launch_binary that also writes out's FP16 copy for the F16-weight matmul recorded right after it (as
 // NormArgs::half): each `group` consecutive rows of out form one GEMM row; half [rows / group, group·d]
 // contiguous, scales [rows / group]. Only where binary_writes_half holds (float4 access, group divides
-// the rows, the flattened index within 32 bits). Three launches: the scales zeroed, the map writing the
-// copy optimistically, launch_f16_rows_fixup (f16_rows.cuh).
+// the rows, the flattened index within 32 bits). A pass of kOptimisticMinGemmRows GEMM rows or more
+// takes three launches: the scales zeroed, the map writing the copy optimistically,
+// launch_f16_rows_fixup (f16_rows.cuh); a shorter one a block per GEMM row.
 bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Rows& yr, const float* out,
                         const Rows& outr, int64_t d, int group);
 cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,

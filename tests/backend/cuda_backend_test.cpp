@@ -549,8 +549,8 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaMatmulShare, ::testing::Values(DType::BF16, D
 // three times (direct, captured, replayed). Cases: add_rms_norm on wide rows (the 128-thread row
 // kernel) and on 256-float rows (the warp kernel); rms_norm_gated in place on [n, Hv, dv] with the
 // matmul over [n, Hv·dv] (a block of Hv warps per GEMM row); swiglu; sigmoid_mul in place on
-// [n, H, hd] (a GEMM row of H rows); passes long enough for the optimistic copy and its fix-up; gains and magnitudes that put rows at 1e-6 ... 1e6 (outside
-// FP16's range, so row-scaled); and matmuls whose x is NOT the producer's out (another tensor; the
+// [n, H, hd] (a GEMM row of H rows); passes long enough for the optimistic copy and its fix-up;
+// gains and magnitudes that put rows at 1e-6 ... 1e6 (outside FP16's range, so row-scaled); and matmuls whose x is NOT the producer's out (another tensor; the
 // first half of each out row), where the producer must stay as it was.
 enum class Producer { AddRmsNorm, RmsNormGated, Swiglu, SigmoidMul };
 struct ProducerMatmulCase {

@@ -22,9 +22,13 @@
 // row's zeroed scale slot), then f16_rows_fixup, one 128-thread block per GEMM row, turns the max into
 // the scale and converts the rare rows with s != 1 again from out; fewer rows take one block per GEMM
 // row, the row's max needing the whole row, of about one thread per two float4s of the row
-// (row_threads: 32..1,024; 4B swiglu's 2,304 float4s get 1,024 threads), a thread issuing all its
-// loads of x and y (up to 4 float4s each per chunk) before computing, and converting the outputs it
-// holds in registers (rows past 4,096 float4s: earlier chunks read back). H200, `KEV_CUDA_TRACE=ops`,
+// (row_threads: 32..512; 4B swiglu's 2,304 float4s get 512 threads), a thread issuing all its loads of
+// x and y (up to 4 float4s each per chunk) before computing, and converting the outputs it holds in
+// registers (rows past 2,048 float4s: earlier chunks read back from L2). At its 64 registers a
+// 1,024-thread block took a whole SM's register file, so the 4B's 220-250 swiglu rows ran in two waves;
+// capped at 512 threads two blocks share an SM (H200, 2026-12-02, `KEV_CUDA_TRACE=ops`, 4B short
+// passes, same run: 20.5 / 19.8 → 19.3 / 18.9 us a call; the 0.8B's 448-thread rows unchanged;
+// docs/backends.md). H200, `KEV_CUDA_TRACE=ops`,
 // 2026-12-02, per call, block per row → optimistic: 4B 2,187-token prefill swiglu 140.5 → 101.0 us,
 // sigmoid_mul 61.1 → 53.7; 0.8B swiglu 52.7 → 45.4; but 0.8B short passes (220-250 rows) swiglu 9.7 →
 // 12.4 us, sigmoid_mul 9.0 → 11.2 (the memset and the fix-up launch cost more than the block-wide max
@@ -151,14 +155,16 @@ __global__ void f16_rows_fixup_kernel(const float* out, Rows outr, uint32_t dv, 
 // The per-row kernels that need a row's max before converting (binary_half under
 // kOptimisticMinGemmRows, f32_to_f16_rows_scaled): a block of row_threads(v) threads per row of v
 // vectors, a thread holding up to kRowVecs of them in registers per chunk of blockDim.x · kRowVecs,
-// all its loads of a chunk issued before any use; rows up to 1,024 · kRowVecs vectors are one chunk
-// and are converted from registers, longer ones re-read their earlier chunks (their own writes) for the
-// conversion.
+// all its loads of a chunk issued before any use; rows up to blockDim.x · kRowVecs vectors are one
+// chunk and are converted from registers, longer ones re-read their earlier chunks (their own writes)
+// for the conversion.
 constexpr int kRowVecs = 4, kMaxRowThreads = 1024;
+// binary_half_kernel's largest block: two per SM at its 64 registers.
+constexpr int kBinaryRowThreads = 512;
 
-// About two vectors a thread: more threads in flight than bytes per thread.
-unsigned row_threads(int64_t vecs) {
-  return static_cast<unsigned>(std::clamp<int64_t>((vecs + 63) / 64 * 32, 32, kMaxRowThreads));
+// About two vectors a thread (more threads in flight than bytes per thread), at most max_threads.
+unsigned row_threads(int64_t vecs, int max_threads = kMaxRowThreads) {
+  return static_cast<unsigned>(std::clamp<int64_t>((vecs + 63) / 64 * 32, 32, max_threads));
 }
 
 // This thread's vectors e of a row of `count`, chunk by chunk: load(e, u) for each of them into the
@@ -203,7 +209,7 @@ __device__ __forceinline__ void store_row_f16(float mx, float* scale, __half* ds
 // binary_half of a pass under kOptimisticMinGemmRows: one block per GEMM row (`group` rows of d
 // floats), the map as binary_kernel computes it, stored, then the block's max and the FP16 copy.
 template <BinaryKind kKind>
-__global__ void __launch_bounds__(kMaxRowThreads)
+__global__ void __launch_bounds__(kBinaryRowThreads, 2)
     binary_half_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales, float* out,
                        Rows outr, uint32_t dv, uint32_t group, __half* half, float* scales) {
   const uint32_t per_row = group * dv;
@@ -274,7 +280,8 @@ void launch_binary_half_kind(bool optimistic, int64_t rows, const float* x, cons
     binary_kernel<kKind, 4, true><<<(total + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
         x, xr, y, yr, in_scales, out, outr, dv, total, half, scales, g);
   } else {
-    binary_half_kernel<kKind><<<static_cast<unsigned>(rows / group), row_threads(group * d / 4), 0, stream>>>(
+    binary_half_kernel<kKind>
+        <<<static_cast<unsigned>(rows / group), row_threads(group * d / 4, kBinaryRowThreads), 0, stream>>>(
         x, xr, y, yr, in_scales, out, outr, dv, g, half, scales);
   }
 }

@@ -3,9 +3,11 @@
 //                 [--warmups 2] [--runs 5] [--threads N] [--profile] [--gemm-peak] [--json]
 // Protocol: load once (not timed); then warm-ups and timed runs. Each run = prefill(state), then
 // evaluate() on that prefix (the demo workload splits its 3 questions into 2 calls, as the ExecuTorch
-// example does). Timing includes tokenisation, the passes, waiting for the device and the answer maths;
-// it excludes loading. Reports medians of prefill, cached evaluation (all calls of a run) and prefill +
-// evaluation (median of per-run totals), plus tokens/s.
+// example does); then the same through prefill_and_evaluate() (the state pass fused with the first
+// call's first score pass; system_one's path) and evaluate() for any further calls. Timing includes
+// tokenisation, the passes, waiting for the device and the answer maths; it excludes loading. Reports
+// medians of prefill, cached evaluation (all calls of a run), prefill + evaluation (median of per-run
+// totals) and the fused prefill + evaluation, plus tokens/s.
 // --profile: a separate profiled run (every op synchronised and timed) gives the share of time per op.
 // --gemm-peak: OpenBLAS sgemm throughput measured in the same process, the CPU baseline for GEMM.
 // --ceilings: the backend's own matmul rate (4096³ in the model's weight dtype) and copy bandwidth,
@@ -268,7 +270,7 @@ int main(int argc, char** argv) {
   if (!engine) return fail(engine.status());
   const double load_ms = ms(t_load, Clock::now());
 
-  std::vector<double> prefill_ms, eval_ms, total_ms;
+  std::vector<double> prefill_ms, eval_ms, total_ms, fused_ms;
   int64_t state_tokens = 0, row_tokens = 0;
   size_t n_questions = 0;
   for (const auto& c : w.calls) n_questions += c.size();
@@ -284,12 +286,20 @@ int main(int argc, char** argv) {
       rows += answers->usage.input_tokens - prefix->state_tokens();
     }
     const auto t2 = Clock::now();
+    auto fused = engine->prefill_and_evaluate(w.state, w.calls.front());
+    if (!fused) return fail(fused.status());
+    for (size_t c = 1; c < w.calls.size(); ++c) {
+      auto answers = engine->evaluate(fused->prefix, w.calls[c]);
+      if (!answers) return fail(answers.status());
+    }
+    const auto t3 = Clock::now();
     state_tokens = prefix->state_tokens();
     row_tokens = rows;
     if (r >= warmups) {
       prefill_ms.push_back(ms(t0, t1));
       eval_ms.push_back(ms(t1, t2));
       total_ms.push_back(ms(t0, t2));
+      fused_ms.push_back(ms(t2, t3));
     }
     std::fprintf(stderr, "\r%s run %d/%d (%s)  ", w.name.c_str(), r + 1, warmups + runs, r < warmups ? "warm-up" : "timed");
   }
@@ -332,7 +342,7 @@ int main(int argc, char** argv) {
   const PassCost prefill_cost = pass_cost(*model, state_tokens, 0, 1);
   const PassCost eval_cost = pass_cost(*model, row_tokens, state_tokens, static_cast<int64_t>(n_questions));
 
-  const double p = median(prefill_ms), e = median(eval_ms), t = median(total_ms);
+  const double p = median(prefill_ms), e = median(eval_ms), t = median(total_ms), f = median(fused_ms);
   const kev::ModelInfo& info = engine->info();
   if (json_out) {
     nlohmann::ordered_json j;
@@ -350,6 +360,7 @@ int main(int argc, char** argv) {
     j["prefill_ms"] = p;
     j["cached_evaluation_ms"] = e;
     j["prefill_plus_evaluation_ms"] = t;
+    j["fused_prefill_plus_evaluation_ms"] = f;
     j["prefill_tokens_per_s"] = state_tokens / (p * 1e-3);
     j["evaluation_tokens_per_s"] = row_tokens / (e * 1e-3);
     if (gemm_peak) j["openblas_sgemm_1024_gflops"] = peak;
@@ -372,6 +383,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(row_tokens), load_ms);
   std::printf("Median latency (ms; %d warmups, %d runs; %zu questions in %zu calls)\n", warmups, runs, n_questions, w.calls.size());
   std::printf("prefill: %.2f\ncached evaluation: %.2f\nprefill + evaluation: %.2f\n", p, e, t);
+  std::printf("prefill + evaluation, state pass fused with the first score pass: %.2f\n", f);
   std::printf("prefill tokens/s: %.0f; evaluation tokens/s: %.0f\n", state_tokens / (p * 1e-3), row_tokens / (e * 1e-3));
   if (!profile_rows.empty()) {
     double total = 0;

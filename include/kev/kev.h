@@ -175,6 +175,12 @@ class Prefix {
   std::unique_ptr<PrefixImpl> impl_;
 };
 
+// What Engine::prefill_and_evaluate returns: the snapshot it made and the answers over it.
+struct PrefixAndAnswers {
+  Prefix prefix;
+  Answers answers;
+};
+
 struct ModelInfo {
   std::string name;            // model.json "name" or the directory name
   std::string architecture;    // e.g. "qwen3_5 d=1024 layers=24 (18 GDN + 6 attention)"
@@ -205,7 +211,16 @@ class Engine {
   Result<Prefix> prefill_tokens(std::vector<int32_t> tokens, int64_t original_length, bool truncated);
   // Any number of questions; split into passes by the token budget and max_questions.
   Result<Answers> evaluate(const Prefix& prefix, const Questions& questions);
-  // evaluate(prefill(state), questions).
+  // prefill(state) then evaluate(prefix, questions), with the state pass and the first score pass run
+  // as one forward pass when both together are no longer than the limits' largest pass (state tokens
+  // + that pass's row tokens <= max(max_prefix, pass_token_budget)): the weights stream once for both.
+  // Answers and snapshot equal the separate calls' bit for bit where the backend's matmul is
+  // row-invariant (cpu, webgpu); on cuda they differ by the GEMMs' rounding (docs/numerics.md).
+  Result<PrefixAndAnswers> prefill_and_evaluate(std::string_view state_text, const Questions& questions);
+  // prefill_and_evaluate over state ids tokenised elsewhere (as prefill_tokens).
+  Result<PrefixAndAnswers> prefill_tokens_and_evaluate(std::vector<int32_t> tokens, int64_t original_length,
+                                                       bool truncated, const Questions& questions);
+  // evaluate(prefill(state), questions), run as prefill_and_evaluate.
   Result<Answers> system_one(std::string_view state_text, const Questions& questions);
 
   const ModelInfo& info() const;

@@ -39,6 +39,7 @@ struct EngineImpl {
   mutable std::mutex mu;  // one pass at a time
   uint64_t id = 0;
   int64_t prefills = 0, passes = 0, rows = 0, state_tokens = 0, row_tokens = 0;
+  int64_t fused = 0;  // state passes run together with their first score pass
 
   EngineImpl(ModelFile m, Tokenizer t, Encoder e) : model(std::move(m)), tokenizer(std::move(t)), encoder(std::move(e)) {}
 };
@@ -212,8 +213,9 @@ Result<Prefix> Engine::prefill(std::string_view state_text) {
   return prefill_tokens(std::move(enc.tokens), enc.original_length, enc.truncated);
 }
 
-Result<Prefix> Engine::prefill_tokens(std::vector<int32_t> tokens, int64_t original_length, bool truncated) {
-  EngineImpl& e = *impl_;
+namespace {
+
+Status check_state_tokens(const EngineImpl& e, const std::vector<int32_t>& tokens, int64_t original_length) {
   const Limits& lim = e.encoder.limits();
   const int64_t n = static_cast<int64_t>(tokens.size());
   KEV_CHECK(n > 0 && tokens.front() == e.encoder.special_ids().state, ErrorCode::InvalidRequest,
@@ -222,10 +224,99 @@ Result<Prefix> Engine::prefill_tokens(std::vector<int32_t> tokens, int64_t origi
             lim.max_prefix, " by ", n - lim.max_prefix);
   KEV_CHECK(original_length >= n, ErrorCode::InvalidRequest, "original_length ", original_length,
             " is below the ", n, " state tokens given");
-  std::lock_guard<std::mutex> lock(e.mu);
-  KEV_ASSIGN_OR_RETURN(PrefixState state, e.runner->prefill(tokens));
+  return Status::success();
+}
+
+// Questions encoded against a state of Ls tokens, split into passes: consecutive questions while the
+// packed tokens fit the budget (a lone row may exceed it) and the per-pass question cap allows.
+struct EncodedQuestions {
+  std::vector<EncodedRow> rows;
+  std::vector<std::pair<size_t, size_t>> passes;  // [begin, end) of rows
+};
+
+Result<EncodedQuestions> encode_questions(const EngineImpl& e, const Questions& questions, int64_t Ls) {
+  KEV_CHECK(!questions.empty(), ErrorCode::InvalidRequest, "a request needs at least one question");
+  EncodedQuestions out;
+  out.rows.reserve(questions.size());
+  for (size_t i = 0; i < questions.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      KEV_CHECK(questions[j].id != questions[i].id, ErrorCode::InvalidRequest, "question id '", questions[i].id,
+                "' appears more than once");
+    }
+    KEV_ASSIGN_OR_RETURN(EncodedRow row, e.encoder.encode_question(questions[i], Ls));
+    out.rows.push_back(std::move(row));
+  }
+  const Limits& lim = e.encoder.limits();
+  size_t begin = 0;
+  while (begin < out.rows.size()) {
+    size_t end = begin;
+    int64_t tokens = 0;
+    while (end < out.rows.size()) {
+      const int64_t len = static_cast<int64_t>(out.rows[end].tokens.size());
+      const bool fits = end == begin || tokens + len <= lim.pass_token_budget;
+      const bool under_cap = lim.max_questions == 0 || static_cast<int64_t>(end - begin) < lim.max_questions;
+      if (!fits || !under_cap) break;
+      tokens += len;
+      ++end;
+    }
+    out.passes.emplace_back(begin, end);
+    begin = end;
+  }
+  return out;
+}
+
+ScorePass make_pass(const EncodedQuestions& q, std::pair<size_t, size_t> range, int64_t Ls) {
+  ScorePass pass;
+  pass.layout.offsets = {0};
+  pass.layout.pos0 = Ls;
+  pass.layout.from_prefix = true;
+  for (size_t i = range.first; i < range.second; ++i) {
+    const int32_t base = static_cast<int32_t>(pass.tokens.size());
+    const EncodedRow& r = q.rows[i];
+    pass.tokens.insert(pass.tokens.end(), r.tokens.begin(), r.tokens.end());
+    pass.layout.offsets.push_back(static_cast<int32_t>(pass.tokens.size()));
+    for (int32_t c : r.close_offsets) {
+      pass.option_rows.push_back(base + c);
+      pass.option_question.push_back(static_cast<int32_t>(i - range.first));
+    }
+    pass.decide_rows.push_back(base + r.decide_offset);
+  }
+  return pass;
+}
+
+Answers empty_answers(const EncodedQuestions& q, int64_t Ls, int64_t original_length, bool truncated) {
+  Answers out;
+  out.answers.resize(q.rows.size());
+  out.usage.state_tokens = original_length;
+  out.usage.state_tokens_used = Ls;
+  out.usage.truncated = truncated;
+  out.usage.input_tokens = Ls;
+  for (const EncodedRow& r : q.rows) out.usage.input_tokens += static_cast<int64_t>(r.tokens.size());
+  return out;
+}
+
+// Counts a score pass and turns its logits into the answers of its questions.
+Status answer_pass(EngineImpl& e, const Questions& questions, const EncodedQuestions& q,
+                   std::pair<size_t, size_t> range, const ScorePass& pass, const std::vector<float>& logits,
+                   Answers& out) {
+  ++e.passes;
+  e.rows += static_cast<int64_t>(range.second - range.first);
+  e.row_tokens += static_cast<int64_t>(pass.tokens.size());
+  size_t at = 0;
+  for (size_t i = range.first; i < range.second; ++i) {
+    const size_t k = q.rows[i].close_offsets.size();
+    std::vector<double> z(logits.begin() + static_cast<std::ptrdiff_t>(at),
+                          logits.begin() + static_cast<std::ptrdiff_t>(at + k));
+    at += k;
+    KEV_ASSIGN_OR_RETURN(out.answers[i], make_answer(questions[i], z));
+  }
+  return Status::success();
+}
+
+std::unique_ptr<PrefixImpl> make_prefix(EngineImpl& e, PrefixState state, std::vector<int32_t> tokens,
+                                        int64_t original_length, bool truncated) {
   ++e.prefills;
-  e.state_tokens += n;
+  e.state_tokens += state.n_tokens;
   auto impl = std::make_unique<PrefixImpl>();
   impl->state = std::move(state);
   impl->tokens = std::move(tokens);
@@ -233,7 +324,17 @@ Result<Prefix> Engine::prefill_tokens(std::vector<int32_t> tokens, int64_t origi
   impl->truncated = truncated;
   impl->engine_id = e.id;
   impl->backend = e.backend;
-  return Prefix(std::move(impl));
+  return impl;
+}
+
+}  // namespace
+
+Result<Prefix> Engine::prefill_tokens(std::vector<int32_t> tokens, int64_t original_length, bool truncated) {
+  EngineImpl& e = *impl_;
+  KEV_TRY(check_state_tokens(e, tokens, original_length));
+  std::lock_guard<std::mutex> lock(e.mu);
+  KEV_ASSIGN_OR_RETURN(PrefixState state, e.runner->prefill(tokens));
+  return Prefix(make_prefix(e, std::move(state), std::move(tokens), original_length, truncated));
 }
 
 Result<Answers> Engine::evaluate(const Prefix& prefix, const Questions& questions) {
@@ -242,84 +343,63 @@ Result<Answers> Engine::evaluate(const Prefix& prefix, const Questions& question
   KEV_CHECK(prefix.impl_ != nullptr, ErrorCode::InvalidRequest, "the prefix was moved from");
   const PrefixImpl& p = *prefix.impl_;
   KEV_CHECK(p.engine_id == e.id, ErrorCode::InvalidRequest, "the prefix was made by another engine");
-  KEV_CHECK(!questions.empty(), ErrorCode::InvalidRequest, "a request needs at least one question");
   const int64_t Ls = p.state.n_tokens;
-
   // Encode and validate every question before running anything.
-  std::vector<EncodedRow> rows;
-  rows.reserve(questions.size());
-  for (size_t i = 0; i < questions.size(); ++i) {
-    for (size_t j = 0; j < i; ++j) {
-      KEV_CHECK(questions[j].id != questions[i].id, ErrorCode::InvalidRequest, "question id '", questions[i].id,
-                "' appears more than once");
-    }
-    KEV_ASSIGN_OR_RETURN(EncodedRow row, e.encoder.encode_question(questions[i], Ls));
-    rows.push_back(std::move(row));
-  }
-
-  Answers out;
-  out.answers.resize(questions.size());
-  out.usage.state_tokens = p.original_length;
-  out.usage.state_tokens_used = Ls;
-  out.usage.truncated = p.truncated;
-  out.usage.input_tokens = Ls;
-  for (const EncodedRow& r : rows) out.usage.input_tokens += static_cast<int64_t>(r.tokens.size());
-
-  // Passes: consecutive questions while the packed tokens fit the budget (a lone row may exceed it)
-  // and the per-pass question cap allows.
-  const Limits& lim = e.encoder.limits();
+  KEV_ASSIGN_OR_RETURN(EncodedQuestions q, encode_questions(e, questions, Ls));
+  Answers out = empty_answers(q, Ls, p.original_length, p.truncated);
   std::lock_guard<std::mutex> lock(e.mu);
-  size_t begin = 0;
-  while (begin < rows.size()) {
-    size_t end = begin;
-    int64_t tokens = 0;
-    while (end < rows.size()) {
-      const int64_t len = static_cast<int64_t>(rows[end].tokens.size());
-      const bool fits = end == begin || tokens + len <= lim.pass_token_budget;
-      const bool under_cap = lim.max_questions == 0 || static_cast<int64_t>(end - begin) < lim.max_questions;
-      if (!fits || !under_cap) break;
-      tokens += len;
-      ++end;
-    }
-    ScorePass pass;
-    pass.layout.offsets = {0};
-    pass.layout.pos0 = Ls;
-    pass.layout.from_prefix = true;
-    for (size_t q = begin; q < end; ++q) {
-      const int32_t base = static_cast<int32_t>(pass.tokens.size());
-      const EncodedRow& r = rows[q];
-      pass.tokens.insert(pass.tokens.end(), r.tokens.begin(), r.tokens.end());
-      pass.layout.offsets.push_back(static_cast<int32_t>(pass.tokens.size()));
-      for (int32_t c : r.close_offsets) {
-        pass.option_rows.push_back(base + c);
-        pass.option_question.push_back(static_cast<int32_t>(q - begin));
-      }
-      pass.decide_rows.push_back(base + r.decide_offset);
-    }
+  for (const auto& range : q.passes) {
+    const ScorePass pass = make_pass(q, range, Ls);
     KEV_ASSIGN_OR_RETURN(std::vector<float> logits, e.runner->score(p.state, pass));
-    ++e.passes;
-    e.rows += static_cast<int64_t>(end - begin);
-    e.row_tokens += static_cast<int64_t>(pass.tokens.size());
-    size_t at = 0;
-    for (size_t q = begin; q < end; ++q) {
-      const size_t k = rows[q].close_offsets.size();
-      std::vector<double> z(logits.begin() + static_cast<std::ptrdiff_t>(at),
-                            logits.begin() + static_cast<std::ptrdiff_t>(at + k));
-      at += k;
-      KEV_ASSIGN_OR_RETURN(out.answers[q], make_answer(questions[q], z));
-    }
-    begin = end;
+    KEV_TRY(answer_pass(e, questions, q, range, pass, logits, out));
   }
   out.latency_ms = ms_since(t0);
   return out;
 }
 
-Result<Answers> Engine::system_one(std::string_view state_text, const Questions& questions) {
+Result<PrefixAndAnswers> Engine::prefill_and_evaluate(std::string_view state_text, const Questions& questions) {
+  KEV_ASSIGN_OR_RETURN(EncodedState enc, impl_->encoder.encode_state(state_text, impl_->options.truncate_states));
+  return prefill_tokens_and_evaluate(std::move(enc.tokens), enc.original_length, enc.truncated, questions);
+}
+
+Result<PrefixAndAnswers> Engine::prefill_tokens_and_evaluate(std::vector<int32_t> tokens, int64_t original_length,
+                                                             bool truncated, const Questions& questions) {
   const auto t0 = std::chrono::steady_clock::now();
-  KEV_ASSIGN_OR_RETURN(Prefix prefix, prefill(state_text));
-  KEV_ASSIGN_OR_RETURN(Answers answers, evaluate(prefix, questions));
-  answers.latency_ms = ms_since(t0);
-  return answers;
+  EngineImpl& e = *impl_;
+  KEV_TRY(check_state_tokens(e, tokens, original_length));
+  const int64_t Ls = static_cast<int64_t>(tokens.size());
+  KEV_ASSIGN_OR_RETURN(EncodedQuestions q, encode_questions(e, questions, Ls));
+  Answers out = empty_answers(q, Ls, original_length, truncated);
+  std::lock_guard<std::mutex> lock(e.mu);
+  // The first pass joins the state pass when the two together are no larger than a pass the limits
+  // already allow (so Options::reserve_memory's passes still bound the memory).
+  const Limits& lim = e.encoder.limits();
+  const ScorePass first = make_pass(q, q.passes.front(), Ls);
+  PrefixState state;
+  std::vector<float> logits;
+  if (Ls + static_cast<int64_t>(first.tokens.size()) <= std::max(lim.max_prefix, lim.pass_token_budget)) {
+    KEV_ASSIGN_OR_RETURN(PrefillScore both, e.runner->prefill_and_score(tokens, first));
+    state = std::move(both.prefix);
+    logits = std::move(both.logits);
+    ++e.fused;
+  } else {
+    KEV_ASSIGN_OR_RETURN(state, e.runner->prefill(tokens));
+    KEV_ASSIGN_OR_RETURN(logits, e.runner->score(state, first));
+  }
+  KEV_TRY(answer_pass(e, questions, q, q.passes.front(), first, logits, out));
+  for (size_t i = 1; i < q.passes.size(); ++i) {
+    const ScorePass pass = make_pass(q, q.passes[i], Ls);
+    KEV_ASSIGN_OR_RETURN(logits, e.runner->score(state, pass));
+    KEV_TRY(answer_pass(e, questions, q, q.passes[i], pass, logits, out));
+  }
+  out.latency_ms = ms_since(t0);
+  return PrefixAndAnswers{Prefix(make_prefix(e, std::move(state), std::move(tokens), original_length, truncated)),
+                          std::move(out)};
+}
+
+Result<Answers> Engine::system_one(std::string_view state_text, const Questions& questions) {
+  KEV_ASSIGN_OR_RETURN(PrefixAndAnswers both, prefill_and_evaluate(state_text, questions));
+  return std::move(both.answers);
 }
 
 std::vector<OpProfile> Engine::op_profile() const {
@@ -353,7 +433,7 @@ std::string Engine::placement_report() const {
              m->allocations, " allocations\n");
   }
   s += cat("CPU fallbacks: none\n", "state passes: ", e.prefills, " (", e.state_tokens, " tokens); score passes: ",
-           e.passes, " (", e.rows, " rows, ", e.row_tokens, " tokens)\n");
+           e.passes, " (", e.rows, " rows, ", e.row_tokens, " tokens); fused state + score passes: ", e.fused, "\n");
   return s;
 }
 

@@ -1,6 +1,7 @@
 // The Kev forward pass over the Backend op set. Formulas quoted from KEV_SPEC.md §5-§7.
 #include "model/forward.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -161,17 +162,22 @@ Result<PrefixState> ModelRunner::alloc_prefix(int64_t n_tokens) {
   return p;
 }
 
-// Gated attention (KEV_SPEC §5.3). mix = o_proj(attn(N_q(q), N_k(k), v) ⊙ σ(gate)). During the state
-// pass (out_prefix set) K after norm + RoPE and V are stored in the snapshot.
-Status ModelRunner::attention_layer(size_t il, const LayerWeights& L, const Tensor& a, const SeqLayout& layout,
-                                    const PrefixState& prefix, PrefixState* out_prefix, bool need_output,
-                                    const Tensor& mix) {
+// Gated attention (KEV_SPEC §5.3). mix = o_proj(attn(N_q(q), N_k(k), v) ⊙ σ(gate)). A segment that
+// writes a snapshot stores its K after norm + RoPE and its V there.
+Status ModelRunner::attention_layer(size_t il, const LayerWeights& L, const Tensor& a, std::span<const Segment> segs,
+                                    bool last_layer, const Tensor& mix) {
   const ModelConfig& c = config_;
   const AttentionWeights& W = L.attn;
   const int64_t n = a.dim(0), H = c.n_head, Hkv = c.n_head_kv, hd = c.head_dim;
   const Tensor none;
   const size_t ia = attn_index_[il];
   const float eps = static_cast<float>(c.rms_eps);
+  // The rows whose output is needed: from the first segment that needs it to the end of the pass.
+  int64_t out_begin = n;
+  for (const Segment& s : segs) {
+    if (s.needs_output(last_layer)) out_begin = std::min(out_begin, s.begin);
+  }
+  const bool need_output = out_begin < n;
 
   // One GEMM for K, V and (when the output is needed) the query and gate: kvq_proj's rows are [k | v | q].
   const int64_t kv = Hkv * hd, qw = need_output ? H * 2 * hd : 0;
@@ -182,11 +188,14 @@ Status ModelRunner::attention_layer(size_t il, const LayerWeights& L, const Tens
   // same strides, which attention kernels take as one layout.
   const Tensor k = proj.slice(1, 0, kv).split_last(Hkv);
   const Tensor v = proj.slice(1, kv, kv).split_last(Hkv);
-  KEV_TRY(run(OpKind::RmsNorm, {k, W.k_norm, k}, [&] { return backend_->rms_norm(k, W.k_norm, eps, k); }));
-  KEV_TRY(run(OpKind::Rope, {k}, [&] { return backend_->rope(k, layout, c.n_rot, c.rope_theta); }));
-  if (out_prefix) {
-    KEV_TRY(run(OpKind::Copy, {k, out_prefix->k[ia]}, [&] { return backend_->copy(k, out_prefix->k[ia]); }));
-    KEV_TRY(run(OpKind::Copy, {v, out_prefix->v[ia]}, [&] { return backend_->copy(v, out_prefix->v[ia]); }));
+  for (const Segment& s : segs) {
+    const Tensor ks = s.rows(k), vs = s.rows(v);
+    KEV_TRY(run(OpKind::RmsNorm, {ks, W.k_norm, ks}, [&] { return backend_->rms_norm(ks, W.k_norm, eps, ks); }));
+    KEV_TRY(run(OpKind::Rope, {ks}, [&] { return backend_->rope(ks, s.layout, c.n_rot, c.rope_theta); }));
+    if (s.to) {
+      KEV_TRY(run(OpKind::Copy, {ks, s.to->k[ia]}, [&] { return backend_->copy(ks, s.to->k[ia]); }));
+      KEV_TRY(run(OpKind::Copy, {vs, s.to->v[ia]}, [&] { return backend_->copy(vs, s.to->v[ia]); }));
+    }
   }
   if (!need_output) return Status::success();
 
@@ -195,29 +204,35 @@ Status ModelRunner::attention_layer(size_t il, const LayerWeights& L, const Tens
   const Tensor q_raw = qg_heads.slice(2, 0, hd);  // [n, H, hd] strided
   const Tensor gate = qg_heads.slice(2, hd, hd);  // [n, H, hd] strided
   KEV_ASSIGN_OR_RETURN(Tensor q, arena_.alloc(DType::F32, {n, H, hd}));
-  KEV_TRY(run(OpKind::RmsNorm, {q_raw, W.q_norm, q}, [&] { return backend_->rms_norm(q_raw, W.q_norm, eps, q); }));
-  KEV_TRY(run(OpKind::Rope, {q}, [&] { return backend_->rope(q, layout, c.n_rot, c.rope_theta); }));
-
-  // Causal GQA with scale 1/sqrt(hd), over the prefix K/V (rows) and the sequence's own keys.
-  const Tensor pk = layout.from_prefix ? prefix.k[ia] : none;
-  const Tensor pv = layout.from_prefix ? prefix.v[ia] : none;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   KEV_ASSIGN_OR_RETURN(Tensor att, arena_.alloc(DType::F32, {n, H, hd}));
-  KEV_TRY(run(OpKind::Attention, {q, k, v, pk, pv, att},
-              [&] { return backend_->attention(q, k, v, pk, pv, layout, scale, att); },
-              attention_flops(layout, layout.from_prefix ? prefix.n_tokens : 0, H, hd)));
-  KEV_TRY(run(OpKind::SigmoidMul, {att, gate, att}, [&] { return backend_->sigmoid_mul(att, gate, att); }));
-  const Tensor att_flat = att.reshaped({n, H * hd});
-  KEV_TRY(run(OpKind::Matmul, {att_flat, W.o_proj, none, mix},
-              [&] { return backend_->matmul(att_flat, W.o_proj, none, mix); }));
+  // Causal GQA with scale 1/sqrt(hd), over the prefix K/V (rows) and the sequence's own keys.
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  for (const Segment& s : segs) {
+    if (!s.needs_output(last_layer)) continue;
+    const Tensor qr = s.rows(q_raw), qs = s.rows(q), ks = s.rows(k), vs = s.rows(v), as = s.rows(att);
+    KEV_TRY(run(OpKind::RmsNorm, {qr, W.q_norm, qs}, [&] { return backend_->rms_norm(qr, W.q_norm, eps, qs); }));
+    KEV_TRY(run(OpKind::Rope, {qs}, [&] { return backend_->rope(qs, s.layout, c.n_rot, c.rope_theta); }));
+    const Tensor pk = s.from ? s.from->k[ia] : none;
+    const Tensor pv = s.from ? s.from->v[ia] : none;
+    KEV_TRY(run(OpKind::Attention, {qs, ks, vs, pk, pv, as},
+                [&] { return backend_->attention(qs, ks, vs, pk, pv, s.layout, scale, as); },
+                attention_flops(s.layout, s.from ? s.from->n_tokens : 0, H, hd)));
+  }
+  const int64_t m = n - out_begin;
+  const Tensor att_out = att.slice(0, out_begin, m), gate_out = gate.slice(0, out_begin, m);
+  KEV_TRY(run(OpKind::SigmoidMul, {att_out, gate_out, att_out},
+              [&] { return backend_->sigmoid_mul(att_out, gate_out, att_out); }));
+  const Tensor att_flat = att_out.reshaped({m, H * hd}), mix_out = mix.slice(0, out_begin, m);
+  KEV_TRY(run(OpKind::Matmul, {att_flat, W.o_proj, none, mix_out},
+              [&] { return backend_->matmul(att_flat, W.o_proj, none, mix_out); }));
   return Status::success();
 }
 
 // Gated DeltaNet (KEV_SPEC §5.4). Projections, causal conv (K=4) + SiLU, split q̂ k̂ v, l2 norms (q scaled
-// by 1/sqrt(d_k)), gates, the chunked delta rule from the prefix state (rows) or zero (state pass),
+// by 1/sqrt(d_k)), gates, the chunked delta rule from a snapshot's state (rows) or zero (the state),
 // gated RMSNorm with SiLU(z), out projection.
-Status ModelRunner::gdn_layer(size_t il, const LayerWeights& L, const Tensor& a, const SeqLayout& layout,
-                              const PrefixState& prefix, PrefixState* out_prefix, const Tensor& mix) {
+Status ModelRunner::gdn_layer(size_t il, const LayerWeights& L, const Tensor& a, std::span<const Segment> segs,
+                              const Tensor& mix) {
   const ModelConfig& c = config_;
   const GdnWeights& W = L.gdn;
   const int64_t n = a.dim(0), C = c.gdn_conv_channels();
@@ -235,12 +250,15 @@ Status ModelRunner::gdn_layer(size_t il, const LayerWeights& L, const Tensor& a,
   const Tensor b = proj.slice(1, C + Z, Hv);
   const Tensor alpha = proj.slice(1, C + Z + Hv, Hv);
 
-  // c'_t = SiLU(Σ_j W[·,j] c_{t-3+j}); earlier inputs from the prefix's conv state (rows) or zeros.
+  // c'_t = SiLU(Σ_j W[·,j] c_{t-3+j}); earlier inputs from the snapshot's conv state (rows) or zeros.
   KEV_ASSIGN_OR_RETURN(Tensor conv, arena_.alloc(DType::F32, {n, C}));
-  const Tensor conv_in = layout.from_prefix ? prefix.conv[ig] : none;
-  const Tensor conv_out = out_prefix ? out_prefix->conv[ig] : none;
-  KEV_TRY(run(OpKind::CausalConv1dSilu, {qkv, W.conv1d, conv_in, conv, conv_out},
-              [&] { return backend_->causal_conv1d_silu(qkv, W.conv1d, conv_in, layout, conv, conv_out); }));
+  for (const Segment& s : segs) {
+    const Tensor conv_in = s.from ? s.from->conv[ig] : none;
+    const Tensor conv_out = s.to ? s.to->conv[ig] : none;
+    const Tensor xs = s.rows(qkv), ys = s.rows(conv);
+    KEV_TRY(run(OpKind::CausalConv1dSilu, {xs, W.conv1d, conv_in, ys, conv_out},
+                [&] { return backend_->causal_conv1d_silu(xs, W.conv1d, conv_in, s.layout, ys, conv_out); }));
+  }
 
   // Split c' as q̂ [n,H_k,d_k], k̂ [n,H_k,d_k], v [n,H_v,d_v] (strided views); q = l2n(q̂)/√d_k, k = l2n(k̂).
   const Tensor q_hat = conv.slice(1, 0, Hk * dk).split_last(Hk);
@@ -259,10 +277,13 @@ Status ModelRunner::gdn_layer(size_t il, const LayerWeights& L, const Tensor& a,
               [&] { return backend_->gdn_gates(b, alpha, W.a_log, W.dt_bias, beta, g); }));
 
   KEV_ASSIGN_OR_RETURN(Tensor o, arena_.alloc(DType::F32, {n, Hv, dv}));
-  const Tensor s_in = layout.from_prefix ? prefix.recurrent[ig] : none;
-  const Tensor s_out = out_prefix ? out_prefix->recurrent[ig] : none;
-  KEV_TRY(run(OpKind::GatedDeltaRule, {q, k, v, g, beta, s_in, o, s_out},
-              [&] { return backend_->gated_delta_rule(q, k, v, g, beta, s_in, layout, o, s_out); }));
+  for (const Segment& s : segs) {
+    const Tensor s_in = s.from ? s.from->recurrent[ig] : none;
+    const Tensor s_out = s.to ? s.to->recurrent[ig] : none;
+    const Tensor qs = s.rows(q), ks = s.rows(k), vs = s.rows(v), gs = s.rows(g), bs = s.rows(beta), os = s.rows(o);
+    KEV_TRY(run(OpKind::GatedDeltaRule, {qs, ks, vs, gs, bs, s_in, os, s_out},
+                [&] { return backend_->gated_delta_rule(qs, ks, vs, gs, bs, s_in, s.layout, os, s_out); }));
+  }
 
   // y = out_proj(concat_h G(o_h, z_h)), G(o, z) = w ⊙ o/√(mean(o²)+ε) ⊙ SiLU(z).
   KEV_TRY(run(OpKind::RmsNormGated, {o, z_heads, W.norm, o},
@@ -270,6 +291,12 @@ Status ModelRunner::gdn_layer(size_t il, const LayerWeights& L, const Tensor& a,
   const Tensor o_flat = o.reshaped({n, Hv * dv});
   KEV_TRY(run(OpKind::Matmul, {o_flat, W.out_proj, none, mix}, [&] { return backend_->matmul(o_flat, W.out_proj, none, mix); }));
   return Status::success();
+}
+
+Status ModelRunner::mixer(size_t il, const LayerWeights& L, const Tensor& a, std::span<const Segment> segs,
+                          bool last_layer, const Tensor& mix) {
+  if (L.type == LayerType::FullAttention) return attention_layer(il, L, a, segs, last_layer, mix);
+  return gdn_layer(il, L, a, segs, mix);
 }
 
 // x += down_proj(SiLU(gate_proj(a)) ⊙ up_proj(a)) for the caller's a = N_post(x); then a = N_next(x)
@@ -297,61 +324,59 @@ Status ModelRunner::mlp(const LayerWeights& L, const Tensor& x, const Tensor& a,
 }
 
 Result<PrefixState> ModelRunner::prefill(std::span<const int32_t> tokens) {
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  KEV_CHECK(n > 0, ErrorCode::InvalidRequest, "the state pass needs at least one token");
-  KEV_ASSIGN_OR_RETURN(PrefixState prefix, alloc_prefix(n));
-  const PrefixState no_prefix;
-  SeqLayout layout;
-  layout.offsets = {0, static_cast<int32_t>(n)};
-  layout.pos0 = 0;
-  layout.from_prefix = false;
-
-  KEV_ASSIGN_OR_RETURN(Tensor x, embed(tokens));
-  const float eps = static_cast<float>(config_.rms_eps);
-  const size_t n_layers = weights_.layers.size();
-  // a: the normed input of the next mixer or MLP. After layer 0's input norm, every norm of x comes
-  // fused with the residual add before it (add_rms_norm).
-  KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, config_.n_embd}));
-  const Tensor& norm0 = weights_.layers.front().input_norm;
-  KEV_TRY(run(OpKind::RmsNorm, {x, norm0, a}, [&] { return backend_->rms_norm(x, norm0, eps, a); }));
-  for (size_t il = 0; il < n_layers; ++il) {
-    const LayerWeights& L = weights_.layers[il];
-    // The state pass keeps only what later rows read: the last layer's MLP (and, for an attention
-    // layer, its output) feeds nothing stored in the snapshot.
-    const bool last = il + 1 == n_layers;
-    const size_t mark = arena_.mark();
-    KEV_ASSIGN_OR_RETURN(Tensor mix, arena_.alloc(DType::F32, {n, config_.n_embd}));
-    if (L.type == LayerType::FullAttention) {
-      KEV_TRY(attention_layer(il, L, a, layout, no_prefix, &prefix, !last, mix));
-    } else {
-      KEV_TRY(gdn_layer(il, L, a, layout, no_prefix, &prefix, mix));
-    }
-    if (last) break;
-    KEV_TRY(run(OpKind::AddRmsNorm, {x, mix, L.post_norm, a},
-                [&] { return backend_->add_rms_norm(x, mix, L.post_norm, eps, a); }));
-    arena_.rewind(mark);
-    KEV_TRY(mlp(L, x, a, weights_.layers[il + 1].input_norm));
-  }
-  KEV_TRY(backend_->synchronize());
-  KEV_TRY(arena_.reset());
+  KEV_CHECK(!tokens.empty(), ErrorCode::InvalidRequest, "the state pass needs at least one token");
+  KEV_ASSIGN_OR_RETURN(PrefixState prefix, alloc_prefix(static_cast<int64_t>(tokens.size())));
+  KEV_TRY(forward(tokens, &prefix, nullptr, nullptr).status());
   return prefix;
 }
 
 Result<std::vector<float>> ModelRunner::score(const PrefixState& prefix, const ScorePass& pass) {
-  const ModelConfig& c = config_;
-  const int64_t n = static_cast<int64_t>(pass.tokens.size());
-  const int64_t M = static_cast<int64_t>(pass.option_rows.size());
-  const int64_t R = static_cast<int64_t>(pass.decide_rows.size());
-  KEV_CHECK(n > 0 && M > 0 && R == pass.layout.n_seqs() && pass.layout.n_tokens() == n &&
-                static_cast<int64_t>(pass.option_question.size()) == M &&
-                (!pass.layout.from_prefix || pass.layout.pos0 == prefix.n_tokens),
-            ErrorCode::Internal, "inconsistent score pass: ", n, " tokens, ", R, " rows, ", M, " options");
+  return forward({}, nullptr, &prefix, &pass);
+}
 
-  KEV_ASSIGN_OR_RETURN(Tensor x, embed(pass.tokens));
+Result<PrefillScore> ModelRunner::prefill_and_score(std::span<const int32_t> tokens, const ScorePass& pass) {
+  KEV_CHECK(!tokens.empty(), ErrorCode::InvalidRequest, "the state pass needs at least one token");
+  KEV_CHECK(pass.layout.from_prefix, ErrorCode::Internal, "a score pass fused with the state pass must continue it");
+  PrefillScore out;
+  KEV_ASSIGN_OR_RETURN(out.prefix, alloc_prefix(static_cast<int64_t>(tokens.size())));
+  KEV_ASSIGN_OR_RETURN(out.logits, forward(tokens, &out.prefix, &out.prefix, &pass));
+  return out;
+}
+
+Result<std::vector<float>> ModelRunner::forward(std::span<const int32_t> state, PrefixState* snapshot,
+                                                const PrefixState* prefix, const ScorePass* pass) {
+  const ModelConfig& c = config_;
+  std::vector<Segment> segs;
+  std::vector<int32_t> tokens(state.begin(), state.end());
+  if (!state.empty()) {
+    Segment& s = segs.emplace_back();
+    s.n = static_cast<int64_t>(state.size());
+    s.layout.offsets = {0, static_cast<int32_t>(s.n)};
+    s.to = snapshot;
+  }
+  int64_t M = 0, R = 0;
+  if (pass) {
+    const int64_t n_rows = static_cast<int64_t>(pass->tokens.size());
+    M = static_cast<int64_t>(pass->option_rows.size());
+    R = static_cast<int64_t>(pass->decide_rows.size());
+    KEV_CHECK(n_rows > 0 && M > 0 && R == pass->layout.n_seqs() && pass->layout.n_tokens() == n_rows &&
+                  static_cast<int64_t>(pass->option_question.size()) == M &&
+                  (!pass->layout.from_prefix || pass->layout.pos0 == prefix->n_tokens),
+              ErrorCode::Internal, "inconsistent score pass: ", n_rows, " tokens, ", R, " rows, ", M, " options");
+    Segment& s = segs.emplace_back();
+    s.begin = static_cast<int64_t>(tokens.size());
+    s.n = n_rows;
+    s.layout = pass->layout;
+    s.from = pass->layout.from_prefix ? prefix : nullptr;
+    tokens.insert(tokens.end(), pass->tokens.begin(), pass->tokens.end());
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+
+  KEV_ASSIGN_OR_RETURN(Tensor x, embed(tokens));
   const float eps = static_cast<float>(c.rms_eps);
-  const Tensor none;
   const size_t n_layers = weights_.layers.size();
-  // a: the normed input of the next mixer or MLP, as in prefill.
+  // a: the normed input of the next mixer or MLP. After layer 0's input norm, every norm of x comes
+  // fused with the residual add before it (add_rms_norm).
   KEV_ASSIGN_OR_RETURN(Tensor a, arena_.alloc(DType::F32, {n, c.n_embd}));
   const Tensor& norm0 = weights_.layers.front().input_norm;
   KEV_TRY(run(OpKind::RmsNorm, {x, norm0, a}, [&] { return backend_->rms_norm(x, norm0, eps, a); }));
@@ -359,37 +384,35 @@ Result<std::vector<float>> ModelRunner::score(const PrefixState& prefix, const S
     const LayerWeights& L = weights_.layers[il];
     const size_t mark = arena_.mark();
     KEV_ASSIGN_OR_RETURN(Tensor mix, arena_.alloc(DType::F32, {n, c.n_embd}));
-    if (L.type == LayerType::FullAttention) {
-      KEV_TRY(attention_layer(il, L, a, pass.layout, prefix, nullptr, true, mix));
-    } else {
-      KEV_TRY(gdn_layer(il, L, a, pass.layout, prefix, nullptr, mix));
-    }
+    KEV_TRY(mixer(il, L, a, segs, false, mix));
     KEV_TRY(run(OpKind::AddRmsNorm, {x, mix, L.post_norm, a},
                 [&] { return backend_->add_rms_norm(x, mix, L.post_norm, eps, a); }));
     arena_.rewind(mark);
     KEV_TRY(mlp(L, x, a, weights_.layers[il + 1].input_norm));
   }
 
-  // Last layer: the mixer runs on every token (later tokens of a row depend on earlier ones), but the
-  // MLP, the final norm and the head only on the readout rows: the M option closes, then R decides.
-  // The mixer's residual add stays a plain add: its sum is gathered, not normed, on all n rows.
+  // Last layer: the mixer runs on every token (the snapshot keeps the state's conv, recurrent state
+  // and K/V; later tokens of a row depend on earlier ones), but the MLP, the final norm and the head
+  // only on the rows' readouts: the M option closes, then R decides. The rows' residual add stays a
+  // plain add: its sum is gathered, not normed, on all their tokens.
   const LayerWeights& last = weights_.layers.back();
-  {
-    KEV_ASSIGN_OR_RETURN(Tensor mix, arena_.alloc(DType::F32, {n, c.n_embd}));
-    if (last.type == LayerType::FullAttention) {
-      KEV_TRY(attention_layer(n_layers - 1, last, a, pass.layout, prefix, nullptr, true, mix));
-    } else {
-      KEV_TRY(gdn_layer(n_layers - 1, last, a, pass.layout, prefix, nullptr, mix));
-    }
-    KEV_TRY(run(OpKind::Add, {x, mix, x}, [&] { return backend_->add(x, mix, x); }));
+  KEV_ASSIGN_OR_RETURN(Tensor mix, arena_.alloc(DType::F32, {n, c.n_embd}));
+  KEV_TRY(mixer(n_layers - 1, last, a, segs, true, mix));
+  if (!pass) {
+    KEV_TRY(backend_->synchronize());
+    KEV_TRY(arena_.reset());
+    return std::vector<float>{};
   }
-  std::vector<int32_t> readout(pass.option_rows);
-  readout.insert(readout.end(), pass.decide_rows.begin(), pass.decide_rows.end());
+  const Segment& rows = segs.back();
+  const Tensor xr_all = rows.rows(x), mix_r = rows.rows(mix);
+  KEV_TRY(run(OpKind::Add, {xr_all, mix_r, xr_all}, [&] { return backend_->add(xr_all, mix_r, xr_all); }));
+  std::vector<int32_t> readout(pass->option_rows);
+  readout.insert(readout.end(), pass->decide_rows.begin(), pass->decide_rows.end());
   const int64_t m = M + R;
   KEV_ASSIGN_OR_RETURN(Tensor idx, arena_.alloc(DType::I32, {m}));
   KEV_TRY(backend_->upload(idx, readout.data(), readout.size() * sizeof(int32_t)));
   KEV_ASSIGN_OR_RETURN(Tensor xr, arena_.alloc(DType::F32, {m, c.n_embd}));
-  KEV_TRY(run(OpKind::GatherRows, {x, idx, xr}, [&] { return backend_->gather_rows(x, idx, xr); }));
+  KEV_TRY(run(OpKind::GatherRows, {xr_all, idx, xr}, [&] { return backend_->gather_rows(xr_all, idx, xr); }));
   // h: N_post(xr) for the MLP, which leaves the final-normed hidden state N_final(xr) in it.
   KEV_ASSIGN_OR_RETURN(Tensor h, arena_.alloc(DType::F32, {m, c.n_embd}));
   KEV_TRY(run(OpKind::RmsNorm, {xr, last.post_norm, h}, [&] { return backend_->rms_norm(xr, last.post_norm, eps, h); }));
@@ -407,7 +430,7 @@ Result<std::vector<float>> ModelRunner::score(const PrefixState& prefix, const S
   KEV_TRY(run(OpKind::Matmul, {h_close, hw.k_weight, hw.k_bias, kappa},
               [&] { return backend_->matmul(h_close, hw.k_weight, hw.k_bias, kappa); }));
   KEV_ASSIGN_OR_RETURN(Tensor qidx, arena_.alloc(DType::I32, {M}));
-  KEV_TRY(backend_->upload(qidx, pass.option_question.data(), pass.option_question.size() * sizeof(int32_t)));
+  KEV_TRY(backend_->upload(qidx, pass->option_question.data(), pass->option_question.size() * sizeof(int32_t)));
   KEV_ASSIGN_OR_RETURN(Tensor logits, arena_.alloc(DType::F32, {M}));
   const float scale = static_cast<float>(logit_scale_);
   KEV_TRY(run(OpKind::PointerLogits, {u, kappa, qidx, logits},

@@ -8,6 +8,13 @@
 //                        same prefix with positions Ls..; returns one logit per option. A pass
 //                        without layout.from_prefix ignores `prefix` and runs its sequences from
 //                        zero state (a full recompute of state + row, used to check the prefix path).
+//   prefill_and_score(tokens, pass)
+//                        both in one forward pass: the state's tokens first, then the rows, which
+//                        read the snapshot the same pass has just written, layer by layer. Token-wise
+//                        ops (projections, norms, MLP) run once over both, so the weights stream once;
+//                        sequence ops (conv, delta rule, RoPE, attention) run once per segment. Same
+//                        arithmetic per row as prefill then score: bit-identical where the matmul is
+//                        row-invariant (CPU, WebGPU), within the GEMM's rounding on CUDA.
 //
 // Math: KEV_SPEC.md §5-§7; shapes are listed outermost first (docs/architecture.md).
 // Not thread-safe: one pass at a time per ModelRunner (the Engine serialises calls).
@@ -73,6 +80,12 @@ struct OpStats {
   std::array<double, static_cast<size_t>(OpKind::kCount)> flops{};    // when profiling
 };
 
+// The snapshot and the logits of a state pass fused with the first score pass.
+struct PrefillScore {
+  PrefixState prefix;
+  std::vector<float> logits;
+};
+
 class ModelRunner {
  public:
   // `logit_scale` = 1 / sqrt(P) / T.
@@ -80,6 +93,8 @@ class ModelRunner {
 
   Result<PrefixState> prefill(std::span<const int32_t> tokens);
   Result<std::vector<float>> score(const PrefixState& prefix, const ScorePass& pass);
+  // `pass` must continue from the state: layout.pos0 == tokens.size() and layout.from_prefix.
+  Result<PrefillScore> prefill_and_score(std::span<const int32_t> tokens, const ScorePass& pass);
 
   Backend& backend() { return *backend_; }
   const ModelConfig& config() const { return config_; }
@@ -94,11 +109,28 @@ class ModelRunner {
   template <class F>
   Status run(OpKind op, std::initializer_list<Tensor> operands, F&& call, double flops = 0);
 
+  // Consecutive packed sequences of a pass that continue the same state: the state segment (one
+  // sequence from zero state, writing the snapshot) or the question rows.
+  struct Segment {
+    int64_t begin = 0, n = 0;           // its token rows within the pass
+    SeqLayout layout;                   // offsets from `begin`
+    const PrefixState* from = nullptr;  // the snapshot its sequences continue; null: zero state
+    PrefixState* to = nullptr;          // the snapshot it writes (the state segment)
+    Tensor rows(const Tensor& t) const { return t.slice(0, begin, n); }
+    // In the last layer only question rows need the mixer's output (the state keeps its snapshot).
+    bool needs_output(bool last_layer) const { return !(last_layer && to != nullptr); }
+  };
+
+  // The pass of prefill / score / prefill_and_score: `state` (may be empty) as the first segment,
+  // writing `snapshot`; then `pass`'s rows (may be null) over `prefix`. Returns the rows' logits.
+  Result<std::vector<float>> forward(std::span<const int32_t> state, PrefixState* snapshot,
+                                     const PrefixState* prefix, const ScorePass* pass);
   Result<Tensor> embed(std::span<const int32_t> tokens);
-  Status attention_layer(size_t il, const LayerWeights& L, const Tensor& x, const SeqLayout& layout,
-                         const PrefixState& prefix, PrefixState* out_prefix, bool need_output, const Tensor& mix);
-  Status gdn_layer(size_t il, const LayerWeights& L, const Tensor& x, const SeqLayout& layout,
-                   const PrefixState& prefix, PrefixState* out_prefix, const Tensor& mix);
+  Status mixer(size_t il, const LayerWeights& L, const Tensor& a, std::span<const Segment> segs, bool last_layer,
+               const Tensor& mix);
+  Status attention_layer(size_t il, const LayerWeights& L, const Tensor& a, std::span<const Segment> segs,
+                         bool last_layer, const Tensor& mix);
+  Status gdn_layer(size_t il, const LayerWeights& L, const Tensor& a, std::span<const Segment> segs, const Tensor& mix);
   // x += MLP(a) in place for a = N_post(x); then a = N(x) with `next_norm`'s gain (add_rms_norm).
   Status mlp(const LayerWeights& L, const Tensor& x, const Tensor& a, const Tensor& next_norm);
   Result<PrefixState> alloc_prefix(int64_t n_tokens);

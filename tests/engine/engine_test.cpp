@@ -193,6 +193,61 @@ TEST(Engine, PrefixContinuationEqualsFullRecompute) {
   EXPECT_LE(worst, 1e-5) << "max |Δlogit| between the prefix path and a full recompute";
 }
 
+// The state pass fused with the first score pass (prefill_and_evaluate, system_one's path) against
+// prefill then evaluate on the same engine: on the CPU every op is per row or per sequence and the
+// matmul is row-invariant, so snapshot and logits are bit-identical — with one pass, with the questions
+// split over five passes (the first fused), and when state + first pass exceed the limits' largest
+// pass and the two run apart.
+TEST(Engine, FusedStateAndScorePassEqualsPrefillThenEvaluate) {
+  int64_t Ls = 0;
+  {
+    Engine probe = load_tiny();
+    auto p = probe.prefill(kState);
+    ASSERT_TRUE(p.ok());
+    Ls = p->state_tokens();
+  }
+  Options split;
+  split.override_limits = true;
+  split.limits.max_questions = 2;
+  split.limits.pass_token_budget = 8;  // every row over it: one row a pass
+  Options apart = with_limits(Ls, 1024);
+  apart.limits.pass_token_budget = Ls;  // Ls + any row > max(max_prefix, budget)
+  const struct {
+    const char* name;
+    Options options;
+    const char* passes;
+    const char* fused;
+  } cases[] = {{"one pass", Options{}, "score passes: 2 (10 rows", "fused state + score passes: 1"},
+               {"five passes", split, "score passes: 10 (10 rows", "fused state + score passes: 1"},
+               {"too large to fuse", apart, "score passes: ", "fused state + score passes: 0"}};
+  const Questions qs = sample_questions();
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    Engine engine = load_tiny(c.options);
+    auto prefix = engine.prefill(kState);
+    ASSERT_TRUE(prefix.ok()) << prefix.status().to_string();
+    auto separate = engine.evaluate(*prefix, qs);
+    ASSERT_TRUE(separate.ok()) << separate.status().to_string();
+    auto fused = engine.prefill_and_evaluate(kState, qs);
+    ASSERT_TRUE(fused.ok()) << fused.status().to_string();
+    EXPECT_EQ(*fused->prefix.content_hash(), *prefix->content_hash());
+    EXPECT_EQ(fused->prefix.tokens(), prefix->tokens());
+    ASSERT_EQ(fused->answers.answers.size(), qs.size());
+    for (size_t q = 0; q < qs.size(); ++q) {
+      EXPECT_EQ(fused->answers.answers[q].id, qs[q].id);
+      EXPECT_EQ(fused->answers.answers[q].logits, separate->answers[q].logits) << qs[q].id;
+    }
+    EXPECT_EQ(fused->answers.usage.input_tokens, separate->usage.input_tokens);
+    const std::string report = engine.placement_report();
+    EXPECT_NE(report.find(c.passes), std::string::npos) << report;
+    EXPECT_NE(report.find(c.fused), std::string::npos) << report;
+    // The fused call's snapshot serves later evaluations like any other.
+    auto again = engine.evaluate(fused->prefix, qs);
+    ASSERT_TRUE(again.ok());
+    for (size_t q = 0; q < qs.size(); ++q) EXPECT_EQ(again->answers[q].logits, separate->answers[q].logits);
+  }
+}
+
 // Reserving memory at load runs throw-away passes; they must leave nothing behind that a request sees:
 // the same answers bit for bit and the same placement report (its op counts start after the load).
 TEST(Engine, ReservingMemoryAtLoadChangesNoAnswer) {

@@ -1,6 +1,7 @@
 // The GPU backends (cuda, webgpu) against HF's golden values and against the CPU path on the same
 // exported model; tolerances and their reasons are in docs/numerics.md. Each test skips, printing why,
 // when the backend is not built or has no device (CI has no GPU; CUDA runs on the GPU machine).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/backend.h"
+#include "common/check.h"
 #include "golden_support.h"
 #include "kev/kev.h"
 #include "model/synthetic.h"
@@ -88,6 +90,51 @@ TEST_P(GpuParity, PrefixBitIdenticalAfter50Evaluations) {
   auto after = prefix->content_hash();
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(*before, *after);
+}
+
+// prefill_and_evaluate (the state pass fused with the first score pass; system_one's path) against
+// prefill then evaluate on the same engine, over every golden request. WebGPU's matmul accumulates a
+// row in the same order whatever the row count, so there snapshot and logits are bit-identical;
+// CUDA's GEMMs may round a row differently at another row count (docs/numerics.md).
+TEST_P(GpuParity, FusedStateAndScorePassMatchesSeparatePasses) {
+  const json expected = golden::read_json(golden::golden_dir() + "/expected.json");
+  golden::ExportedModel model(golden::golden_dir() + "/tiny", golden::golden_dir() + "/tiny", GetParam() + "-fused");
+  Options o;
+  o.backend = GetParam();
+  auto engine = Engine::load(model.dir, o);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  const bool bitwise = GetParam() == "webgpu";
+  double worst = 0;
+  size_t n_requests = 0;
+  for (const json& r : expected["requests"]) {
+    auto request = parse_request(r["body"].dump());
+    ASSERT_TRUE(request.ok()) << request.status().to_string();
+    auto prefix = engine->prefill(request->state_text);
+    ASSERT_TRUE(prefix.ok()) << prefix.status().to_string();
+    auto separate = engine->evaluate(*prefix, request->questions);
+    ASSERT_TRUE(separate.ok()) << separate.status().to_string();
+    auto fused = engine->prefill_and_evaluate(request->state_text, request->questions);
+    ASSERT_TRUE(fused.ok()) << fused.status().to_string();
+    ASSERT_EQ(fused->answers.answers.size(), separate->answers.size());
+    for (size_t q = 0; q < separate->answers.size(); ++q) {
+      const auto& a = fused->answers.answers[q].logits;
+      const auto& b = separate->answers[q].logits;
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t j = 0; j < a.size(); ++j) worst = std::max(worst, std::fabs(a[j] - b[j]));
+      if (bitwise) {
+        EXPECT_EQ(a, b) << "request " << n_requests << " question " << q;
+      }
+    }
+    if (bitwise) {
+      EXPECT_EQ(*fused->prefix.content_hash(), *prefix->content_hash()) << "request " << n_requests;
+    }
+    ++n_requests;
+  }
+  EXPECT_LE(worst, kLogitVsCpuTol);
+  const std::string report = engine->placement_report();
+  EXPECT_NE(report.find(cat("fused state + score passes: ", n_requests)), std::string::npos) << report;
+  std::printf("%s fused vs separate passes over %zu requests: max |Δlogit| = %.3g\n", GetParam().c_str(), n_requests,
+              worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GpuParity, ::testing::Values("cuda", "webgpu"),

@@ -156,13 +156,14 @@ Status PassRecorder::record_upload(void* dst, const void* src, size_t bytes) {
 Result<char*> PassRecorder::scratch(size_t bytes) { return scratch_.take(bytes); }
 
 Result<const int32_t*> PassRecorder::offsets(const SeqLayout& layout) {
-  if (last_offsets_dev_ && last_offsets_ == layout.offsets) return last_offsets_dev_;
+  for (const auto& [host, dev] : pass_offsets_) {
+    if (host == layout.offsets) return dev;
+  }
   const size_t bytes = layout.offsets.size() * sizeof(int32_t);
   KEV_ASSIGN_OR_RETURN(char* dev, scratch_.take(bytes));
   KEV_TRY(record_upload(dev, layout.offsets.data(), bytes));
-  last_offsets_ = layout.offsets;
-  last_offsets_dev_ = reinterpret_cast<const int32_t*>(dev);
-  return last_offsets_dev_;
+  pass_offsets_.emplace_back(layout.offsets, reinterpret_cast<const int32_t*>(dev));
+  return pass_offsets_.back().second;
 }
 
 std::string PassRecorder::pass_ops() const {
@@ -186,8 +187,7 @@ void PassRecorder::clear_pass() {
   pass_ops_.clear();
   pending_ = Status::success();
   ran_.fill(0);
-  last_offsets_.clear();
-  last_offsets_dev_ = nullptr;
+  pass_offsets_.clear();
   staging_.restart();
   scratch_.restart();
 }

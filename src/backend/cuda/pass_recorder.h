@@ -57,6 +57,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -152,8 +153,8 @@ class PassRecorder {
   Status record_upload(void* dst, const void* src, size_t bytes);
   // Device scratch valid for this pass only (256-byte aligned; null for 0 bytes).
   Result<char*> scratch(size_t bytes);
-  // The layout's offsets as a device int32 array (uploaded in order; reused while consecutive ops
-  // pass the same offsets).
+  // The layout's offsets as a device int32 array (uploaded in order the first time the pass sees
+  // them, then reused: a fused state + score pass alternates between two layouts).
   Result<const int32_t*> offsets(const SeqLayout& layout);
   // Runs the recorded pass and waits for it; the pass is cleared even when it fails.
   Status flush();
@@ -199,8 +200,7 @@ class PassRecorder {
   std::vector<uint64_t> full_, shape_;  // their signature words
   std::vector<const char*> pass_ops_;   // every command of the pass, launched or not (error messages)
   Status pending_;                      // the first segment launch error of this pass
-  std::vector<int32_t> last_offsets_;
-  const int32_t* last_offsets_dev_ = nullptr;
+  std::vector<std::pair<std::vector<int32_t>, const int32_t*>> pass_offsets_;  // host offsets, device copy
   std::list<GraphEntry> graphs_cache_;  // most recently used first
   std::list<uint64_t> seen_;            // hashes of signatures run once without a graph, newest first
   uint64_t graph_launches_ = 0, graph_captures_ = 0, capture_failures_ = 0;

@@ -180,24 +180,26 @@ void ModelWorker::serve_jobs(std::vector<std::unique_ptr<Job>> jobs) {
   }
 }
 
-Result<std::shared_ptr<const Prefix>> ModelWorker::find_or_make_prefix(const Job& job, bool& hit, double& prefill_ms) {
-  PrefixKey key{model_key_, job.request.state.tokens};
-  std::shared_ptr<const Prefix> prefix = cache_.find(key);
-  hit = prefix != nullptr;
-  prefill_ms = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++(hit ? stats_.cache_hits : stats_.cache_misses);
-  }
-  if (hit) return prefix;
+std::shared_ptr<const Prefix> ModelWorker::find_prefix(const Job& job) {
+  std::shared_ptr<const Prefix> prefix = cache_.find(PrefixKey{model_key_, job.request.state.tokens});
+  std::lock_guard<std::mutex> lock(mu_);
+  ++(prefix ? stats_.cache_hits : stats_.cache_misses);
+  return prefix;
+}
+
+std::shared_ptr<const Prefix> ModelWorker::cache_prefix(const Job& job, Prefix made) {
+  auto prefix = std::make_shared<const Prefix>(std::move(made));
+  cache_.insert(PrefixKey{model_key_, job.request.state.tokens}, prefix);
+  return prefix;
+}
+
+Result<std::shared_ptr<const Prefix>> ModelWorker::make_prefix(const Job& job, double& prefill_ms) {
   const auto t0 = Clock::now();
   // prepare()'s ids, encoded on the request's thread, are the pass's input and the cache key.
   const EncodedState& enc = job.request.state;
   KEV_ASSIGN_OR_RETURN(Prefix made, engine_.prefill_tokens(enc.tokens, enc.original_length, enc.truncated));
-  prefill_ms = ms_between(t0, Clock::now());
-  prefix = std::make_shared<const Prefix>(std::move(made));
-  cache_.insert(std::move(key), prefix);
-  return prefix;
+  prefill_ms += ms_between(t0, Clock::now());
+  return cache_prefix(job, std::move(made));
 }
 
 void ModelWorker::serve_group(const std::vector<Job*>& group) {
@@ -205,11 +207,7 @@ void ModelWorker::serve_group(const std::vector<Job*>& group) {
   std::vector<Served> out(group.size());
   for (size_t r = 0; r < group.size(); ++r) out[r].queue_ms = ms_between(group[r]->queued_at, taken);
 
-  bool hit = false;
-  double prefill_ms = 0;
-  Result<std::shared_ptr<const Prefix>> prefix = find_or_make_prefix(*group[0], hit, prefill_ms);
-
-  // One evaluate() over every request's questions. Ids get a "<request>:" prefix so they stay unique
+  // One evaluation of every request's questions. Ids get a "<request>:" prefix so they stay unique
   // across requests; the answers keep question order, so request r owns a contiguous slice.
   Questions merged;
   for (size_t r = 0; r < group.size(); ++r) {
@@ -217,9 +215,31 @@ void ModelWorker::serve_group(const std::vector<Job*>& group) {
       merged.push_back(group.size() == 1 ? q : Question{cat(r, ":", q.id), q.body});
     }
   }
+  const std::shared_ptr<const Prefix> cached = find_prefix(*group[0]);
+  const bool hit = cached != nullptr;
+  Result<std::shared_ptr<const Prefix>> prefix = cached;
+  double prefill_ms = 0, evaluate_ms = 0;
   const auto t0 = Clock::now();
-  Result<Answers> answers = prefix.ok() ? engine_.evaluate(**prefix, merged) : Result<Answers>(prefix.status());
-  const double evaluate_ms = ms_between(t0, Clock::now());
+  Result<Answers> answers = Status(ErrorCode::Internal, "not evaluated");
+  if (hit) {
+    answers = engine_.evaluate(*cached, merged);
+    evaluate_ms = ms_between(t0, Clock::now());
+  } else {
+    // A miss runs the state pass and the first score pass as one forward pass
+    // (Engine::prefill_tokens_and_evaluate); the whole call counts as the state pass's time.
+    const EncodedState& enc = group[0]->request.state;
+    Result<PrefixAndAnswers> both =
+        engine_.prefill_tokens_and_evaluate(enc.tokens, enc.original_length, enc.truncated, merged);
+    prefill_ms = ms_between(t0, Clock::now());
+    if (both.ok()) {
+      prefix = cache_prefix(*group[0], std::move(both->prefix));
+      answers = std::move(both->answers);
+    } else {
+      answers = both.status();
+      // Several requests are answered one by one below, from a snapshot made on its own.
+      prefix = group.size() > 1 ? make_prefix(*group[0], prefill_ms) : Result<std::shared_ptr<const Prefix>>(both.status());
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.batches;
@@ -270,7 +290,11 @@ void ModelWorker::serve_separate(Job& job) {
   s.queue_ms = ms_between(job.queued_at, Clock::now());
   s.batch_requests = 1;
   const auto answer = [&]() -> Status {
-    KEV_ASSIGN_OR_RETURN(std::shared_ptr<const Prefix> prefix, find_or_make_prefix(job, s.cache_hit, s.prefill_ms));
+    std::shared_ptr<const Prefix> prefix = find_prefix(job);
+    s.cache_hit = prefix != nullptr;
+    if (!prefix) {
+      KEV_ASSIGN_OR_RETURN(prefix, make_prefix(job, s.prefill_ms));
+    }
     const auto t0 = Clock::now();
     for (const Question& q : job.request.request.questions) {
       KEV_ASSIGN_OR_RETURN(Answers one, engine_.evaluate(*prefix, {q}));

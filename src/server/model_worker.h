@@ -67,8 +67,10 @@ struct Served {
   Status status;           // not ok: answers is empty
   Answers answers;         // ids and usage are the request's own; latency_ms is the model time of its batch
   double queue_ms = 0;     // from serve() until the worker took the request
-  double prefill_ms = 0;   // the state pass (0 on a cache hit)
-  double evaluate_ms = 0;  // the evaluate() call(s) that answered it
+  // The state pass (0 on a cache hit). A miss runs it fused with the first score pass
+  // (Engine::prefill_tokens_and_evaluate), and that whole call counts here.
+  double prefill_ms = 0;
+  double evaluate_ms = 0;  // the evaluate() call(s) that answered it (on a miss: any after the fused one)
   int batch_requests = 0;  // requests answered by the same evaluate() call
   bool cache_hit = false;
 };
@@ -123,7 +125,12 @@ class ModelWorker {
   void serve_jobs(std::vector<std::unique_ptr<Job>> jobs);
   void serve_group(const std::vector<Job*>& group);
   void serve_separate(Job& job);
-  Result<std::shared_ptr<const Prefix>> find_or_make_prefix(const Job& job, bool& hit, double& prefill_ms);
+  // The cached snapshot of the job's state, or null (counts the hit or miss).
+  std::shared_ptr<const Prefix> find_prefix(const Job& job);
+  // Caches a snapshot of the job's state.
+  std::shared_ptr<const Prefix> cache_prefix(const Job& job, Prefix prefix);
+  // The state pass alone, its snapshot cached.
+  Result<std::shared_ptr<const Prefix>> make_prefix(const Job& job, double& prefill_ms);
 
   Engine engine_;
   Tokenizer tokenizer_;

@@ -194,10 +194,13 @@ TEST(HttpServer, HealthCardRequestIdsTimingAndLogs) {
     ASSERT_TRUE(first.contains(key)) << key;
     EXPECT_GE(first[key].get<double>(), 0) << key;
   }
+  // A miss runs the state pass fused with the score pass: one call, timed as the prefill.
   EXPECT_GT(first["prefill_ms"].get<double>(), 0);
+  EXPECT_EQ(first["evaluate_ms"], 0.0);
   const Json second = log_line(s, fresh->get_header_value("x-typesafe-request-id"));
   EXPECT_EQ(second["cache"], "hit");
   EXPECT_EQ(second["prefill_ms"], 0.0);
+  EXPECT_GT(second["evaluate_ms"].get<double>(), 0);
   const Json bad = log_line(s, error->get_header_value("x-typesafe-request-id"));
   EXPECT_EQ(bad["status"], 400);
   EXPECT_NE(bad["detail"].get<std::string>().find("parse error"), std::string::npos) << bad.dump();

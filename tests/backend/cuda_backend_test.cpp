@@ -471,6 +471,23 @@ TEST(CudaMatmul, HalfWeightsMatchWidenedReference) {
   }
 }
 
+// A GEMM of at least 16 GFLOP and at most 1,024 rows runs the fastest of cuBLASLt's first answers,
+// timed when its plan is made (matmul.h, kTunedGemmFlops): the chosen algorithm still computes the
+// product, for each weight dtype (x as FP16; as two BF16 halves, 2n rows; FP32). 2·n·k·m = 16.1 GFLOP
+// here; reference: the CPU backend's FAST (row-invariant FP32) matmul.
+TEST(CudaMatmul, TimedAlgorithmChoiceKeepsTheProduct) {
+  KEV_CUDA_OR_SKIP(gpu, true);
+  const int64_t n = 300, k = 2560, m = 10496;
+  auto cpu = create_backend("cpu", BackendOptions{});
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  const std::vector<float> x = testing::randn(static_cast<size_t>(n * k), 1.0f, 41);
+  const std::vector<uint16_t> w = half_exact_weights(static_cast<size_t>(m * k), 0.03f, 42);
+  const std::vector<float> want = run_matmul(**cpu, n, k, m, x, w, DType::F32, {});
+  EXPECT_LE(nmse(run_matmul(*gpu, n, k, m, x, w, DType::F16, {}), want), matmul_tolerance(Mode::F16));
+  EXPECT_LE(nmse(run_matmul(*gpu, n, k, m, x, w, DType::BF16, {}), want), matmul_tolerance(Mode::Bf16x2));
+  EXPECT_LE(nmse(run_matmul(*gpu, n, k, m, x, w, DType::F32, {}), want), kTolReduction);
+}
+
 // F16 inputs: rows far beyond FP16's range (65,504) or far below its normals are scaled by a power of
 // two before rounding and scaled back after the GEMM, so every row keeps FP16's relative precision
 // (unscaled, the 1e6 rows would be infinite and the 1e-6 rows would keep ~4 bits).

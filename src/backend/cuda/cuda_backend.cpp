@@ -866,7 +866,7 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   shape.align_x = half ? cuda::column_alignment(nullptr, k * 2) : cuda::column_alignment(xp, ldx * 4);
   shape.align_w = cuda::column_alignment(wp, k * static_cast<int64_t>(dtype_size(w.dtype)));
   shape.align_out = split ? cuda::column_alignment(nullptr, m * 4) : cuda::column_alignment(op, ldo * 4);
-  KEV_TRY(gemm_.prepare(shape));
+  KEV_TRY(gemm_.prepare(shape, wp, recorder_->stream()));
   // Consecutive projections of one input (q/k/v, the four GDN projections, gate/up) share its 16-bit
   // copy: when the command recorded just before this one, in this pass, was a matmul that converted
   // (or shared) this same view of x the same way, nothing can have written x since (a matmul writes

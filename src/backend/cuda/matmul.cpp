@@ -1,6 +1,7 @@
 // GemmRunner (see matmul.h).
 #include "backend/cuda/matmul.h"
 
+#include <limits>
 
 #include "backend/cuda/cuda_check.h"
 
@@ -31,7 +32,7 @@ int column_alignment(const void* ptr, int64_t ld_bytes) {
   return static_cast<int>(bits & (~bits + 1));
 }
 
-Status GemmRunner::prepare(const GemmShape& s) {
+Status GemmRunner::prepare(const GemmShape& s, const void* w, cudaStream_t stream) {
   if (s.n == 0 || s.m == 0 || s.k == 0 || plans_.count(s)) return Status::success();
   Plan p;
   const cudaDataType_t ab = s.w == DType::BF16 ? CUDA_R_16BF : s.w == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
@@ -54,7 +55,9 @@ Status GemmRunner::prepare(const GemmShape& s) {
     const uint64_t ws = workspace_bytes_;
     const uint32_t al_a = static_cast<uint32_t>(s.align_w), al_b = static_cast<uint32_t>(s.align_x),
                    al_d = static_cast<uint32_t>(s.align_out);
-    cublasLtMatmulHeuristicResult_t result = {};
+    const bool tuned = s.n <= kTunedMaxRows && 2.0 * static_cast<double>(s.n) * static_cast<double>(s.k) *
+                                                     static_cast<double>(s.m) >= kTunedGemmFlops;
+    cublasLtMatmulHeuristicResult_t results[kTunedCandidates] = {};
     int found = 0;
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                              sizeof(ws));
@@ -67,7 +70,8 @@ Status GemmRunner::prepare(const GemmShape& s) {
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+      st = cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.d, p.d, pref, tuned ? kTunedCandidates : 1,
+                                          results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
       found = 0;  // reported below with the shape
@@ -77,13 +81,68 @@ Status GemmRunner::prepare(const GemmShape& s) {
     KEV_CHECK(found > 0, ErrorCode::Unsupported, "matmul: cuBLASLt has no algorithm for n=", s.n, " k=", s.k,
               " m=", s.m, " (", dtype_name(s.w), " weights, ldx ", s.ldx, ", ldo ", s.ldo, ", alignments ",
               s.align_x, "/", s.align_w, "/", s.align_out, " bytes)");
-    p.algo = result.algo;
+    int pick = 0;
+    if (found > 1) {
+      KEV_ASSIGN_OR_RETURN(pick, fastest(p, s, results, found, w, stream));
+    }
+    p.algo = results[pick].algo;
     return Status::success();
   };
   Status st = attempt();
   if (!st.ok()) return fail(st);
   plans_.emplace(s, p);
   return Status::success();
+}
+
+Result<int> GemmRunner::fastest(const Plan& p, const GemmShape& s, const cublasLtMatmulHeuristicResult_t* candidates,
+                                int n, const void* w, cudaStream_t stream) const {
+  constexpr int kWarmups = 2, kRuns = 5;
+  const size_t x_bytes = static_cast<size_t>(s.ldx * (s.n - 1) + s.k) * dtype_size(s.w);
+  const size_t out_bytes = static_cast<size_t>(s.ldo * (s.n - 1) + s.m) * sizeof(float);
+  KEV_CUDA_TRY(cudaStreamSynchronize(stream));  // segments of the pass being recorded may still run
+  void* x = nullptr;
+  void* out = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  // Everything is released on every path; the first failure is the result.
+  auto timed = [&]() -> Result<int> {
+    KEV_CUDA_TRY(cudaMallocAsync(&x, x_bytes, stream));
+    KEV_CUDA_TRY(cudaMallocAsync(&out, out_bytes, stream));
+    KEV_CUDA_TRY(cudaMemsetAsync(x, 0, x_bytes, stream));
+    KEV_CUDA_TRY(cudaEventCreate(&start));
+    KEV_CUDA_TRY(cudaEventCreate(&stop));
+    const float alpha = 1.0f, beta = 0.0f;
+    int best = 0;
+    float best_ms = std::numeric_limits<float>::infinity();
+    for (int i = 0; i < n; ++i) {
+      auto run = [&]() {
+        return cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, out, p.d, out, p.d, &candidates[i].algo,
+                              workspace_, workspace_bytes_, stream);
+      };
+      bool ok = true;
+      for (int r = 0; r < kWarmups && ok; ++r) ok = run() == CUBLAS_STATUS_SUCCESS;
+      if (!ok) continue;  // a candidate that cannot run here is passed over
+      KEV_CUDA_TRY(cudaEventRecord(start, stream));
+      for (int r = 0; r < kRuns; ++r) KEV_CUBLAS_TRY(run());
+      KEV_CUDA_TRY(cudaEventRecord(stop, stream));
+      KEV_CUDA_TRY(cudaEventSynchronize(stop));
+      float ms = 0;
+      KEV_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+      if (ms < best_ms) {
+        best_ms = ms;
+        best = i;
+      }
+    }
+    return best;
+  };
+  Result<int> best = timed();
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  if (x) cudaFreeAsync(x, stream);
+  if (out) cudaFreeAsync(out, stream);
+  const cudaError_t drained = cudaStreamSynchronize(stream);
+  if (!best.ok()) return best;
+  KEV_CUDA_TRY(drained);
+  return best;
 }
 
 Status GemmRunner::enqueue(const GemmShape& s, const void* x, const void* w, float* out, cudaStream_t stream) const {

@@ -14,10 +14,14 @@
 // k = 0 writes the bias (or zeros) only. Descriptors and the algorithm are cached per shape key (sizes,
 // leading dimensions, dtype, pointer alignments); enqueue() makes no allocation and no
 // synchronisation, so it can be captured into a CUDA graph.
-// Algorithm choice: cuBLASLt's first heuristic answer (timing 8 candidates per shape was tried on the
-// H200 and made the 0.8B short workload slower: 5.39/5.34 ms prefill/evaluation against 5.26/4.92;
-// at Kev's shapes no later answer or forced split-K beat it by more than 1.3 µs, and none by a rule
-// the heuristic's results would let us state: docs/backends.md, Tracing).
+// Algorithm choice: cuBLASLt's first heuristic answer, except for GEMMs of at least kTunedGemmFlops
+// and at most kTunedMaxRows rows, where the first kTunedCandidates answers are timed once per shape (on
+// the backend's stream after it drains, with the real weights and throw-away x and out; ~2–4 ms per
+// 4B shape) and the fastest is kept. At the 4B's gate_up with the 470 rows of a fused state + score
+// pass the first answer took 82 µs and the sixth 68 (H200, 2026-12-03); at the 0.8B's shapes and at
+// 220–250 rows no answer beat the first by more than ~1.5 µs (docs/backends.md, Tracing), a small
+// GEMM's timing would cost more than it could save, and long prefills' GEMMs (n in the thousands, each
+// candidate's timing ~3 ms) were not measured to gain.
 #pragma once
 
 #include <cublasLt.h>
@@ -31,6 +35,10 @@
 #include "kev/result.h"
 
 namespace kev::cuda {
+
+constexpr double kTunedGemmFlops = 16e9;  // 2·n·k·m
+constexpr int64_t kTunedMaxRows = 1024;
+constexpr int kTunedCandidates = 8;
 
 struct GemmShape {
   int64_t n = 0, k = 0, m = 0;
@@ -50,7 +58,9 @@ class GemmRunner {
 
   Status init(void* workspace, size_t workspace_bytes);
   // Builds (or finds) the plan for `shape`; call before recording so enqueue() cannot fail on planning.
-  Status prepare(const GemmShape& shape);
+  // `w` (the weights) and `stream` serve the timing of a large GEMM's candidates; the stream is
+  // synchronised first, so no capture may be open on it.
+  Status prepare(const GemmShape& shape, const void* w, cudaStream_t stream);
   // x has shape.w's dtype (the F32 input, or its BF16 / F16 copy), with shape.ldx; requires prepare(shape) first.
   Status enqueue(const GemmShape& shape, const void* x, const void* w, float* out, cudaStream_t stream) const;
   size_t cublaslt_version() const { return cublasLtGetVersion(); }
@@ -62,6 +72,9 @@ class GemmRunner {
     cublasLtMatmulAlgo_t algo{};
   };
   static void destroy(Plan& p);
+  // The index of the fastest of `n` candidate algorithms for `p` (see prepare()).
+  Result<int> fastest(const Plan& p, const GemmShape& s, const cublasLtMatmulHeuristicResult_t* candidates, int n,
+                      const void* w, cudaStream_t stream) const;
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;

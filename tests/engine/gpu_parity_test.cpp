@@ -239,6 +239,29 @@ TEST_P(GpuParity, ReservedMemoryCoversEveryPassWithinTheLimits) {
   }
   const DeviceMemory m = *engine->device_memory();
   EXPECT_EQ(m.allocations, with_snapshots) << "passes within the limits took device memory after the load";
+  // A state pass fused with its first score pass (prefill_and_evaluate; the engine fuses only when
+  // state + rows <= max(max_prefix, pass_token_budget)) takes no more than the same state prefilled and
+  // evaluated apart: at most the snapshot each makes (a new WebGPU buffer; on CUDA a pool block, which
+  // the fused call then finds free).
+  EXPECT_NE(engine->placement_report().find("fused state + score passes: 0"), std::string::npos);
+  for (const std::string& state : {long_state, std::string("A short ticket about a refund.")}) {
+    const Questions qs = {many.front(), many.back()};
+    const uint64_t a0 = engine->device_memory()->allocations;
+    {
+      auto p = engine->prefill(state);
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      ASSERT_TRUE(engine->evaluate(*p, qs).ok());
+    }
+    const uint64_t a1 = engine->device_memory()->allocations;
+    {
+      auto f = engine->prefill_and_evaluate(state, qs);
+      ASSERT_TRUE(f.ok()) << f.status().to_string();
+    }
+    const uint64_t a2 = engine->device_memory()->allocations;
+    EXPECT_LE(a2 - a1, a1 - a0) << "the fused pass took device memory the separate passes did not";
+  }
+  EXPECT_NE(engine->placement_report().find("fused state + score passes: 2"), std::string::npos)
+      << engine->placement_report();
   std::printf("%s reserve_memory: %llu allocations at load, %llu after two snapshots, %llu after 6 evaluations; "
               "%zu MiB in use, %zu MiB cached\n",
               GetParam().c_str(), static_cast<unsigned long long>(at_load), static_cast<unsigned long long>(with_snapshots),

@@ -313,6 +313,17 @@ Status answer_pass(EngineImpl& e, const Questions& questions, const EncodedQuest
   return Status::success();
 }
 
+// Scores passes first.. of q over `state` and fills their questions' answers.
+Status score_passes(EngineImpl& e, const PrefixState& state, const Questions& questions, const EncodedQuestions& q,
+                    size_t first, Answers& out) {
+  for (size_t i = first; i < q.passes.size(); ++i) {
+    const ScorePass pass = make_pass(q, q.passes[i], state.n_tokens);
+    KEV_ASSIGN_OR_RETURN(std::vector<float> logits, e.runner->score(state, pass));
+    KEV_TRY(answer_pass(e, questions, q, q.passes[i], pass, logits, out));
+  }
+  return Status::success();
+}
+
 std::unique_ptr<PrefixImpl> make_prefix(EngineImpl& e, PrefixState state, std::vector<int32_t> tokens,
                                         int64_t original_length, bool truncated) {
   ++e.prefills;
@@ -348,11 +359,7 @@ Result<Answers> Engine::evaluate(const Prefix& prefix, const Questions& question
   KEV_ASSIGN_OR_RETURN(EncodedQuestions q, encode_questions(e, questions, Ls));
   Answers out = empty_answers(q, Ls, p.original_length, p.truncated);
   std::lock_guard<std::mutex> lock(e.mu);
-  for (const auto& range : q.passes) {
-    const ScorePass pass = make_pass(q, range, Ls);
-    KEV_ASSIGN_OR_RETURN(std::vector<float> logits, e.runner->score(p.state, pass));
-    KEV_TRY(answer_pass(e, questions, q, range, pass, logits, out));
-  }
+  KEV_TRY(score_passes(e, p.state, questions, q, 0, out));
   out.latency_ms = ms_since(t0);
   return out;
 }
@@ -387,11 +394,7 @@ Result<PrefixAndAnswers> Engine::prefill_tokens_and_evaluate(std::vector<int32_t
     KEV_ASSIGN_OR_RETURN(logits, e.runner->score(state, first));
   }
   KEV_TRY(answer_pass(e, questions, q, q.passes.front(), first, logits, out));
-  for (size_t i = 1; i < q.passes.size(); ++i) {
-    const ScorePass pass = make_pass(q, q.passes[i], Ls);
-    KEV_ASSIGN_OR_RETURN(logits, e.runner->score(state, pass));
-    KEV_TRY(answer_pass(e, questions, q, q.passes[i], pass, logits, out));
-  }
+  KEV_TRY(score_passes(e, state, questions, q, 1, out));
   out.latency_ms = ms_since(t0);
   return PrefixAndAnswers{Prefix(make_prefix(e, std::move(state), std::move(tokens), original_length, truncated)),
                           std::move(out)};

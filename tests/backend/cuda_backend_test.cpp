@@ -830,22 +830,31 @@ void expect_joined_keeps_bits(Pass pass, uint64_t saved) {
   }
 }
 
-// ---- a GDN layer's l2 norms and gates in one launch ----------------------------------------------------
+// ---- a GDN layer's conv, l2 norms and gates in one launch ------------------------------------------------
 
 // A Gated DeltaNet layer's q and k l2 norms and its gates, recorded back to back, run as one launch
-// (cuda_backend.cpp's join_gdn_prep, norms.cu's launch_gdn_prep). Their outputs must keep the bits of the
-// three ops as separate launches, which a synchronize() after each forces; the joined pass runs three
-// times (direct, captured, replayed) and must record `saved` commands fewer than the separate one.
-// Operands as the forward passes them: q̂ and k̂ strided [n, Hk, dk] views of the conv output rows, b
-// and α columns of the input projection's rows. Cases: the 0.8b and 4b head shapes over 37 tokens and
-// one token (all three ops join), and ops that must stay apart: the second norm reading the first's
-// output (only it and the gates join), and heads of 30 floats (off the norms' float4 path: nothing
-// joins).
+// (cuda_backend.cpp's join_gdn_prep, norms.cu's launch_gdn_prep), and with the causal conv recorded right
+// before them in its launch (causal_conv1d.cu's launch_causal_conv1d_silu_joined). Their outputs must keep
+// the bits of the ops as separate launches, which a synchronize() after each forces; the joined pass
+// runs three times (direct, captured, replayed) and must record `saved` commands fewer than the
+// separate one. Operands as the forward passes them: q̂ and k̂ strided [n, Hk, dk] views of the conv
+// output rows, the conv's input and b and α columns of the input projection's rows. Cases without the
+// conv (the norms read a filled conv output): the 0.8b and 4b head shapes over 37 tokens and one token
+// (all three ops join), and ops that must stay apart: the second norm reading the first's output (only
+// it and the gates join), and heads of 30 floats (off the norms' float4 path: nothing joins). With the
+// conv: a 250-token state pass from zero writing the conv state (4b), six question rows of 37 or 36
+// tokens from a prefix (0.8b), one token, chained norms (the conv and the first norm join, the second
+// and the gates), and heads of 30 floats (the conv's channels not a multiple of 128: nothing joins).
+// With two convs as a fused state + score pass records them (forward.cpp: the state from zero writing
+// the conv state, then question rows from that state, the norms over both): a 4b pass of 250 + 220
+// tokens (all five ops join), and heads of 64 floats (the convs join, the norms and gates apart).
 struct GdnPrepCase {
   const char* name;
   int64_t n, Hk, dk, Hv;
   bool chained;  // the second norm reads the first one's output instead of k̂
+  int conv_rows;  // 0: no conv; -1: the conv runs a state pass from zero with state_out; r > 0: r rows from a prefix
   uint64_t saved;
+  int64_t state = 0;  // with conv_rows > 0: a conv over the first `state` tokens from zero writes the rows' prefix
 };
 
 TEST(CudaGdnPrep, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
@@ -853,21 +862,48 @@ TEST(CudaGdnPrep, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
   using testing::make_f32;
   using testing::randn;
   const GdnPrepCase cases[] = {
-      {"0.8b", 37, 16, 128, 16, false, 2}, {"4b", 37, 16, 128, 32, false, 2}, {"one token", 1, 16, 128, 32, false, 2},
-      {"chained norms", 37, 16, 128, 16, true, 1}, {"scalar norms", 13, 4, 30, 8, false, 0},
+      {"0.8b", 37, 16, 128, 16, false, 0, 2},
+      {"4b", 37, 16, 128, 32, false, 0, 2},
+      {"one token", 1, 16, 128, 32, false, 0, 2},
+      {"chained norms", 37, 16, 128, 16, true, 0, 1},
+      {"scalar norms", 13, 4, 30, 8, false, 0, 0},
+      {"conv, 4b state", 250, 16, 128, 32, false, -1, 3},
+      {"conv, 0.8b rows", 220, 16, 128, 16, false, 6, 3},
+      {"conv, one token", 1, 16, 128, 32, false, 1, 3},
+      {"conv, chained norms", 37, 16, 128, 16, true, -1, 2},
+      {"conv, scalar norms", 13, 4, 30, 8, false, 6, 0},
+      {"conv pair, 4b", 470, 16, 128, 32, false, 6, 4, 250},
+      {"conv pair, heads of 64", 100, 16, 64, 16, false, 3, 3, 40},
   };
   for (const GdnPrepCase& c : cases) {
     SCOPED_TRACE(c.name);
-    const int64_t n = c.n, Hk = c.Hk, dk = c.dk, Hv = c.Hv, C = 2 * Hk * dk + Hv * 64, P = C + 3 * Hv;
+    const int64_t n = c.n, Hk = c.Hk, dk = c.dk, Hv = c.Hv, C = 2 * Hk * dk + Hv * 64, P = C + 3 * Hv, K = 4;
+    SeqLayout layout, state_layout;
+    const int rows = std::max(c.conv_rows, 1);
+    const int64_t n_rows = n - c.state;
+    for (int r = 0; r < rows; ++r) layout.offsets.push_back(static_cast<int32_t>(n_rows * (r + 1) / rows));
+    layout.from_prefix = c.conv_rows > 0;
+    state_layout.offsets = {0, static_cast<int32_t>(c.state)};
+    layout.pos0 = layout.from_prefix ? 250 : 0;
     auto conv = make_f32(*gpu, {n, C}, randn(static_cast<size_t>(n * C), 1.0f, 81));
     auto proj = make_f32(*gpu, {n, P}, randn(static_cast<size_t>(n * P), 2.0f, 82));
     auto a_log = make_f32(*gpu, {Hv}, randn(static_cast<size_t>(Hv), 0.5f, 83));
     auto dt_bias = make_f32(*gpu, {Hv}, randn(static_cast<size_t>(Hv), 0.5f, 84));
+    auto conv_w = make_f32(*gpu, {C, K}, randn(static_cast<size_t>(C * K), 0.5f, 85));
+    auto prefix = make_f32(*gpu, {C, K}, randn(static_cast<size_t>(C * K), 1.0f, 86));
+    auto conv_state = make_f32(*gpu, {C, K});
     auto q = make_f32(*gpu, {n, Hk, dk}), k = make_f32(*gpu, {n, Hk, dk});
     auto beta = make_f32(*gpu, {n, Hv}), g = make_f32(*gpu, {n, Hv});
     const Tensor q_hat = conv.t.slice(1, 0, Hk * dk).split_last(Hk);
     const Tensor k_hat = c.chained ? q.t : conv.t.slice(1, Hk * dk, Hk * dk).split_last(Hk);
+    const Tensor qkv = proj.t.slice(1, 0, C);
     const Tensor b = proj.t.slice(1, C + 2, Hv), alpha = proj.t.slice(1, C + 2 + Hv, Hv);
+    const Tensor state_out = c.conv_rows < 0 ? conv_state.t : Tensor{};
+    const bool with_state = c.conv_rows < 0 || c.state > 0;
+    auto other_x = make_f32(*gpu, {n_rows, 8}, randn(static_cast<size_t>(n_rows * 8), 1.0f, 87));
+    auto other_w = make_f32(*gpu, {8, K}, randn(static_cast<size_t>(8 * K), 0.5f, 88));
+    auto other_prefix = make_f32(*gpu, {8, K}, randn(static_cast<size_t>(8 * K), 1.0f, 89));
+    auto other_out = make_f32(*gpu, {n_rows, 8});
     const float q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
     auto ok = [](const Status& st) { EXPECT_TRUE(st.ok()) << st.to_string(); };
     auto commands = [&] {
@@ -877,17 +913,34 @@ TEST(CudaGdnPrep, JoinedLaunchKeepsTheBitsOfSeparateOnes) {
       return uint64_t{0};
 #endif
     };
-    // Returns q, k, beta and g, and the commands the ops recorded.
+    // Returns q, k, beta and g (and the conv's out and state), and the commands the ops recorded.
     auto pass = [&](bool apart) {
+      // Pair: an unrelated conv first uploads the rows' layout, as a fused pass's first GDN layer does
+      // for the later ones, so that nothing is recorded between the two convs; apart, the second conv's
+      // pass uploads it again, which is not one of the ops' commands.
+      if (c.state > 0) ok(gpu->causal_conv1d_silu(other_x.t, other_w.t, other_prefix.t, layout, other_out.t, Tensor{}));
       const uint64_t before = commands();
+      if (c.state > 0) {
+        ok(gpu->causal_conv1d_silu(qkv.slice(0, 0, c.state), conv_w.t, Tensor{}, state_layout,
+                                   conv.t.slice(0, 0, c.state), conv_state.t));
+        if (apart) ok(gpu->synchronize());
+        ok(gpu->causal_conv1d_silu(qkv.slice(0, c.state, n_rows), conv_w.t, conv_state.t, layout,
+                                   conv.t.slice(0, c.state, n_rows), Tensor{}));
+        if (apart) ok(gpu->synchronize());
+      } else if (c.conv_rows != 0) {
+        ok(gpu->causal_conv1d_silu(qkv, conv_w.t, prefix.t, layout, conv.t, state_out));
+        if (apart) ok(gpu->synchronize());
+      }
       ok(gpu->l2_norm(q_hat, 1e-6f, q_scale, q.t));
       if (apart) ok(gpu->synchronize());
       ok(gpu->l2_norm(k_hat, 1e-6f, 1.0f, k.t));
       if (apart) ok(gpu->synchronize());
       ok(gpu->gdn_gates(b, alpha, a_log.t, dt_bias.t, beta.t, g.t));
-      const uint64_t recorded = commands() - before;
+      const uint64_t recorded = commands() - before - (apart && c.state > 0 ? 1 : 0);
       std::vector<float> all;
-      for (const Tensor* t : {&q.t, &k.t, &beta.t, &g.t}) {
+      for (const Tensor* t : {&q.t, &k.t, &beta.t, &g.t, &conv.t, &conv_state.t}) {
+        if (t == &conv.t && c.conv_rows == 0) continue;  // random input, not an output
+        if (t == &conv_state.t && !with_state) continue;
         const std::vector<float> v = testing::read_f32(*gpu, *t);
         all.insert(all.end(), v.begin(), v.end());
       }

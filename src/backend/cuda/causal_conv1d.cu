@@ -31,6 +31,22 @@
 // the same channel, which no earlier store of that thread has written, so it is race-free (the loads
 // first: one memory round trip instead of K dependent ones, which aliasing forced on the compiler). It
 // runs after the conv kernel in stream order, so the conv has read the prefix before it changes.
+// Joined (launch_causal_conv1d_silu_joined; cuda_backend.cpp joins a fused state + score pass's two
+// conv segments, and the q and k l2 norms and the gates recorded right after the conv):
+// conv_run_prep_kernel, the 4-token-run grid with V = 4, the x blocks of the second segment after the
+// first's (its prefix is the first's state_out, which the state kernel writes before this launch); with
+// norms C % 128 == 0, so each warp's 128 channels are one 128-float head of q̂ or k̂ where they lie in a
+// norm's columns, and the warp normalises each of its tokens' head from registers (norms.cu's sum order
+// and factor: the bits of the separate l2_norm) into the norm's out; the gates take ceil(n·Hv / (grid.x
+// · 128)) extra rows of the grid, a thread per (token, head) pair, as elementwise.cu's kernel. One
+// launch instead of up to four, and q̂ and k̂ are not read back. 72 registers (conv_run_prep_kernel's
+// kSegs; the plain 4-wide run kernel: 64). H200, `KEV_CUDA_TRACE=ops`, per GDN layer, conv + the l2_norm x2 + gdn_gates launch →
+// joined: 4B evaluation (220 question-row tokens) 16.0 + 7.9 → 17.5 us, 250-token prefill 18.1 + 8.1
+// → 22.2; 0.8B evaluation 13.5 + 7.7 → 15.5, prefill 15.9 + 8.2 → 18.4; a fused pass's two segments
+// and prep, 4B 17.3 + 17.3 + 10.0 → 35.1, 0.8B 14.4 + 14.4 + 10.1 → 30.7 (each traced command carries
+// ~3 us of event overhead, so about half of each gain is the trace's own).
+#include <climits>
+
 #include "backend/cuda/device_math.cuh"
 
 namespace kev::cuda {
@@ -93,13 +109,30 @@ __global__ void conv_kernel(ConvArgs a) {
 // before it) in registers, so each input row is fetched once per run instead of K times.
 constexpr int kRunThreads = 128, kMaxRunK = 4, kRunTokens = 4;
 
-template <int V>
-__global__ void __launch_bounds__(kRunThreads) conv_run_kernel(ConvArgs a) {
+// The joined launch (launch_causal_conv1d_silu_joined): besides the conv's segments (x blocks [0, xb0)
+// run seg0, the rest seg1, whose tokens follow seg0's in x and out), the Gated DeltaNet prep
+// joined in: the l2 norms of the q and k heads (norms[i] reads the joined out's columns [col0[i],
+// col0[i] + 128·heads[i]) over all n_tokens rows) and the gates, whose (token, head) pairs take the
+// blocks past the conv's conv_y rows of the grid.
+struct ConvPrep {
+  unsigned xb0 = 0, conv_y = 0;
+  GdnPrepArgs p;
+  int64_t col0[2] = {0, 0}, heads[2] = {0, 0};
+};
+
+// The kRun-token run `run` of V channels of one segment (conv_run_kernel, conv_run_prep_kernel). With
+// kPrep (V = 4; with norms C is a multiple of 128, so a warp's 128 channels are one head when they lie
+// in a norm's columns) each token's outputs are also normalised from registers, token t of the segment
+// being row token_base + t of the norms: the warp's sum of squares as norms.cu's float4 row path sums a
+// 128-float row (lane l: floats 4l..4l+3), the same factor, so the bits are those of the separate
+// l2_norm launch.
+template <int V, bool kPrep>
+__device__ __forceinline__ void conv_run(const ConvArgs& a, const ConvPrep& cp, unsigned run, int64_t token_base) {
   constexpr int kRun = kRunTokens;
   const int64_t c = (static_cast<int64_t>(blockIdx.y) * kRunThreads + threadIdx.x) * V;
   if (c >= a.C) return;
   const int K = static_cast<int>(a.K);
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kRun;
+  const int64_t t0 = static_cast<int64_t>(run) * kRun;
   // in[u] holds input row t0 − (kMaxRunK − 1) + u; rows outside [0, n) are zero (never used).
   Lanes<V> in[kRun + kMaxRunK - 1];
 #pragma unroll
@@ -120,6 +153,19 @@ __global__ void __launch_bounds__(kRunThreads) conv_run_kernel(ConvArgs a) {
   for (int l = 0; l < V; ++l) {
 #pragma unroll
     for (int s = 0; s < kMaxRunK; ++s) w[l][s] = s >= lead ? a.w[(c + l) * K + s - lead] : 0.0f;
+  }
+  // kPrep: the norm whose columns hold this warp's head (-1: none), and the head.
+  int norm = -1;
+  int64_t head = 0;
+  if constexpr (kPrep) {
+    const int64_t c_warp = c - 4 * (threadIdx.x % 32);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (i < cp.p.n_norms && c_warp >= cp.col0[i] && c_warp < cp.col0[i] + 128 * cp.heads[i]) {
+        norm = i;
+        head = (c_warp - cp.col0[i]) / 128;
+      }
+    }
   }
   int r = seq_index(a.offsets, a.n_seqs, t0);
   int64_t begin = a.offsets[r];
@@ -145,7 +191,44 @@ __global__ void __launch_bounds__(kRunThreads) conv_run_kernel(ConvArgs a) {
         }
       }
     }
-    store_silu<V>(a.out + t * a.out_stride + c, acc);
+    if constexpr (kPrep) {
+      const float4 o = make_float4(siluf(acc[0]), siluf(acc[1]), siluf(acc[2]), siluf(acc[3]));
+      *reinterpret_cast<float4*>(a.out + t * a.out_stride + c) = o;
+      if (norm >= 0) {  // warp-uniform
+        const NormArgs& n = norm == 0 ? cp.p.norms[0] : cp.p.norms[1];
+        float ss = 0.0f;
+        ss += sum_squares(o);
+        const float f = l2_factor(warp_sum(ss), n.scale, n.eps);
+        float* dst = n.out + row_offset(n.out_rows, (token_base + t) * cp.heads[norm] + head) + 4 * (threadIdx.x % 32);
+        *reinterpret_cast<float4*>(dst) = make_float4(o.x * f, o.y * f, o.z * f, o.w * f);
+      }
+    } else {
+      store_silu<V>(a.out + t * a.out_stride + c, acc);
+    }
+  }
+}
+
+template <int V>
+__global__ void __launch_bounds__(kRunThreads) conv_run_kernel(ConvArgs a) {
+  conv_run<V, false>(a, ConvPrep{}, blockIdx.x, 0);
+}
+
+// kSegs: the segments (1 or 2). Each segment's code is inlined separately (a runtime-selected one
+// copied its parameters to the stack); one segment keeps token_base = 0 and 72 registers without a
+// bound (7 blocks of 128 threads per SM), two took 96 and are held to 72 (64 bytes spilled): in the
+// traced 4B fused pass 35.1 µs a call against 36.8 at 96 (H200, 2026-12-03).
+template <int kSegs>
+__global__ void __launch_bounds__(kRunThreads, kSegs == 2 ? 7 : 0)
+    conv_run_prep_kernel(ConvArgs seg0, ConvArgs seg1, ConvPrep cp) {
+  if (blockIdx.y >= cp.conv_y) {
+    const int64_t i = (static_cast<int64_t>(blockIdx.y - cp.conv_y) * gridDim.x + blockIdx.x) * kRunThreads + threadIdx.x;
+    if (i < cp.p.gates.n * cp.p.gates.Hv) gdn_gate(cp.p.gates, i);
+    return;
+  }
+  if (kSegs == 1 || blockIdx.x < cp.xb0) {
+    conv_run<4, true>(seg0, cp, blockIdx.x, 0);
+  } else {
+    conv_run<4, true>(seg1, cp, blockIdx.x - cp.xb0, seg0.n_tokens);
   }
 }
 
@@ -176,15 +259,40 @@ __global__ void conv_state_kernel(ConvArgs a) {
 
 }  // namespace
 
+namespace {
+
+// float4 access: C, the row strides and the x / out base pointers allow it.
+bool conv_vec4(const ConvArgs& a) {
+  return a.C % 4 == 0 && (a.n_tokens == 1 || (a.x_stride % 4 == 0 && a.out_stride % 4 == 0)) && aligned16(a.x) &&
+         aligned16(a.out);
+}
+
+dim3 run_grid(const ConvArgs& a, int V) {
+  return dim3(static_cast<unsigned>((a.n_tokens + kRunTokens - 1) / kRunTokens),
+              static_cast<unsigned>((a.C + V * kRunThreads - 1) / (V * kRunThreads)));
+}
+
+cudaError_t launch_conv_state(const ConvArgs& a, cudaStream_t stream) {
+  const unsigned cblocks = static_cast<unsigned>((a.C + kThreads - 1) / kThreads);
+  if (a.state_out) conv_state_kernel<<<cblocks, kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// Gate rows of the joined grid: n·Hv pairs over rows of grid_x · kRunThreads threads.
+int64_t gate_rows(const GdnPrepArgs& p, unsigned grid_x) {
+  const int64_t pairs = p.gates.n * p.gates.Hv, per_row = static_cast<int64_t>(grid_x) * kRunThreads;
+  return (pairs + per_row - 1) / per_row;
+}
+
+}  // namespace
+
 cudaError_t launch_causal_conv1d_silu(const ConvArgs& a, cudaStream_t stream) {
   if (a.C == 0) return cudaSuccess;
   if (a.n_tokens > 0) {
-    const bool vec4 = a.C % 4 == 0 && (a.n_tokens == 1 || (a.x_stride % 4 == 0 && a.out_stride % 4 == 0)) &&
-                      aligned16(a.x) && aligned16(a.out);
+    const bool vec4 = conv_vec4(a);
     const int V = vec4 ? 4 : 1;
     if (a.K <= kMaxRunK) {
-      const dim3 grid(static_cast<unsigned>((a.n_tokens + kRunTokens - 1) / kRunTokens),
-                      static_cast<unsigned>((a.C + V * kRunThreads - 1) / (V * kRunThreads)));
+      const dim3 grid = run_grid(a, V);
       if (vec4) {
         conv_run_kernel<4><<<grid, kRunThreads, 0, stream>>>(a);
       } else {
@@ -202,9 +310,75 @@ cudaError_t launch_causal_conv1d_silu(const ConvArgs& a, cudaStream_t stream) {
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  const unsigned cblocks = static_cast<unsigned>((a.C + kThreads - 1) / kThreads);
-  if (a.state_out) conv_state_kernel<<<cblocks, kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_conv_state(a, stream);
+}
+
+bool conv_prep_fusable(const ConvJoin& cj, const GdnPrepArgs& p) {
+  if (cj.n_segs < 1 || cj.n_segs > 2 || p.n_norms < 0 || p.n_norms > 2) return false;
+  const ConvArgs& a = cj.seg[0];
+  int64_t n = 0, xb = 0;
+  for (int i = 0; i < cj.n_segs; ++i) {
+    const ConvArgs& s = cj.seg[i];
+    if (s.n_tokens <= 0 || s.K > kMaxRunK || !conv_vec4(s)) return false;
+    n += s.n_tokens;
+    xb += run_grid(s, 4).x;
+  }
+  if (cj.n_segs == 2) {
+    // seg[1]: the rows right after seg[0]'s, from seg[0]'s final state, which is written first, so
+    // seg[0] must not read it (its prefix elsewhere or none).
+    const ConvArgs& b = cj.seg[1];
+    const int64_t state = a.C * a.K;
+    if (b.C != a.C || b.K != a.K || b.w != a.w || b.x_stride != a.x_stride || b.out_stride != a.out_stride ||
+        b.x != a.x + a.n_tokens * a.x_stride || b.out != a.out + a.n_tokens * a.out_stride || !a.state_out ||
+        b.prefix != a.state_out || b.state_out ||
+        (a.prefix && a.prefix < a.state_out + state && a.state_out < a.prefix + state)) {
+      return false;
+    }
+  }
+  if (p.n_norms > 0 && a.C % 128 != 0) return false;
+  int64_t lo[2] = {0, 0}, hi[2] = {0, 0};
+  for (int i = 0; i < p.n_norms; ++i) {
+    const NormArgs& m = p.norms[i];
+    const Rows& x = m.x_rows;
+    const Rows& o = m.out_rows;
+    if (m.kind != NormKind::L2 || m.half != nullptr || m.d != 128 || x.n_outer != 2 || x.shape[0] != n ||
+        x.stride[0] != a.out_stride || (x.shape[1] > 1 && x.stride[1] != 128) || m.x < a.out || o.n_outer != 2 ||
+        o.shape[0] != n || o.shape[1] != x.shape[1] || !rows_vec4(o) || !aligned16(m.out)) {
+      return false;
+    }
+    lo[i] = m.x - a.out;
+    hi[i] = lo[i] + 128 * x.shape[1];
+    if (lo[i] % 128 != 0 || hi[i] > a.C) return false;
+  }
+  if (p.n_norms == 2 && lo[0] < hi[1] && lo[1] < hi[0]) return false;  // overlapping columns
+  return xb <= INT_MAX && run_grid(a, 4).y + gate_rows(p, static_cast<unsigned>(xb)) <= 65535;
+}
+
+cudaError_t launch_causal_conv1d_silu_joined(const ConvJoin& cj, const GdnPrepArgs& p, cudaStream_t stream) {
+  if (!conv_prep_fusable(cj, p)) return cudaErrorInvalidValue;
+  ConvPrep cp;
+  cp.p = p;
+  const ConvArgs& a = cj.seg[0];
+  for (int i = 0; i < p.n_norms; ++i) {
+    cp.col0[i] = p.norms[i].x - a.out;
+    cp.heads[i] = p.norms[i].x_rows.shape[1];
+  }
+  cp.xb0 = run_grid(a, 4).x;
+  const unsigned xb = cp.xb0 + (cj.n_segs == 2 ? run_grid(cj.seg[1], 4).x : 0);
+  cp.conv_y = run_grid(a, 4).y;
+  if (cj.n_segs == 2) {
+    const cudaError_t err = launch_conv_state(a, stream);  // seg[1]'s prefix
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid(xb, cp.conv_y + static_cast<unsigned>(gate_rows(p, xb)));
+  if (cj.n_segs == 2) {
+    conv_run_prep_kernel<2><<<grid, kRunThreads, 0, stream>>>(a, cj.seg[1], cp);
+  } else {
+    conv_run_prep_kernel<1><<<grid, kRunThreads, 0, stream>>>(a, ConvArgs{}, cp);
+  }
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || cj.n_segs == 2) return err;
+  return launch_conv_state(a, stream);
 }
 
 }  // namespace kev::cuda

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention.cuh"
@@ -79,6 +80,19 @@ Status check_grid(const OpCheck& c, const char* what, int64_t count) {
 bool disjoint(const Tensor& a, const Tensor& b) {
   return a.empty() || b.empty() || a.buffer != b.buffer || a.offset + a.span_bytes() <= b.offset ||
          b.offset + b.span_bytes() <= a.offset;
+}
+
+// The trace label of a joined conv command (cuda::ConvJoin with the prep ops joined in).
+const char* conv_label(int segs, int norms, bool gates) {
+  static const char* const kLabels[2][3][2] = {
+      {{"causal_conv1d_silu", "causal_conv1d_silu + gdn_gates"},
+       {"causal_conv1d_silu + l2_norm", "causal_conv1d_silu + l2_norm + gdn_gates"},
+       {"causal_conv1d_silu + l2_norm x2", "causal_conv1d_silu + l2_norm x2 + gdn_gates"}},
+      {{"causal_conv1d_silu x2", "causal_conv1d_silu x2 + gdn_gates"},
+       {"causal_conv1d_silu x2 + l2_norm", "causal_conv1d_silu x2 + l2_norm + gdn_gates"},
+       {"causal_conv1d_silu x2 + l2_norm x2", "causal_conv1d_silu x2 + l2_norm x2 + gdn_gates"}},
+  };
+  return kLabels[segs - 1][norms][gates ? 1 : 0];
 }
 
 // Strides of a dim matter only when it has more than one element.
@@ -578,11 +592,15 @@ class CudaBackend final : public Backend {
   }
 
   // A Gated DeltaNet layer's l2_norm (q, k) and gdn_gates ops, recorded back to back, run as one launch
-  // (norms.cu's launch_gdn_prep, the bits of separate launches): an op of that kind joins the command
-  // recorded just before it in this pass when that command is such a launch with room for it (two
-  // norms, one gates), the fused kernel takes it (cuda::gdn_prep_fusable) and it is independent of the
-  // ops already there, which it would run alongside: it writes nothing they read or write and reads
-  // nothing they write. The joined command is re-recorded with both signatures (replace_last).
+  // (norms.cu's launch_gdn_prep, the bits of separate launches), and with the causal conv recorded right
+  // before them, whose out the norms read, in its launch (causal_conv1d.cu's
+  // launch_causal_conv1d_silu_joined): an op of that kind joins the command recorded just before it in
+  // this pass when that command is such a launch (or the conv) with room for it (two norms, one gates),
+  // the fused kernel takes it (cuda::gdn_prep_fusable, cuda::conv_prep_fusable) and it is independent
+  // of the ops already there, which it would run alongside: it writes nothing they read or write and
+  // reads nothing they write — except a norm reading the conv's out, which the joined kernel normalises
+  // from the registers that hold it. The joined command is re-recorded with both signatures
+  // (replace_last).
   Result<bool> join_gdn_prep(const cuda::GdnPrepArgs& part, const CommandSig& sig, std::initializer_list<Tensor> reads,
                              std::initializer_list<Tensor> writes) {
     GdnPrep& p = last_prep_;
@@ -595,7 +613,13 @@ class CudaBackend final : public Backend {
       if (joined.gates.n * joined.gates.Hv > 0) return false;
       joined.gates = part.gates;
     }
-    if (!cuda::gdn_prep_fusable(joined)) return false;
+    if (p.conv ? !cuda::conv_prep_fusable(*p.conv, joined) : !cuda::gdn_prep_fusable(joined)) return false;
+    // A norm may read the conv's out: the joined kernel normalises it from the registers that hold it.
+    auto read_from_registers = [&](const Tensor& t) {
+      return part.n_norms > 0 && std::any_of(p.conv_out.begin(), p.conv_out.end(), [&](const Tensor& o) {
+               return o.buffer == t.buffer && o.offset == t.offset && o.rank == t.rank && o.shape == t.shape && o.stride == t.stride;
+             });
+    };
     for (const Tensor& w : writes) {
       for (const std::vector<Tensor>* ts : {&p.reads, &p.writes}) {
         for (const Tensor& t : *ts) {
@@ -605,7 +629,7 @@ class CudaBackend final : public Backend {
     }
     for (const Tensor& r : reads) {
       for (const Tensor& t : p.writes) {
-        if (!disjoint(r, t)) return false;
+        if (!read_from_registers(t) && !disjoint(r, t)) return false;
       }
     }
     p.args = joined;
@@ -613,9 +637,15 @@ class CudaBackend final : public Backend {
     p.sig.ptrs.insert(p.sig.ptrs.end(), sig.ptrs.begin(), sig.ptrs.end());
     p.reads.insert(p.reads.end(), reads);
     p.writes.insert(p.writes.end(), writes);
-    const char* op = joined.gates.n * joined.gates.Hv == 0 ? "l2_norm x2"
-                     : joined.n_norms == 2                 ? "l2_norm x2 + gdn_gates"
-                                                           : "l2_norm + gdn_gates";
+    const bool gates = joined.gates.n * joined.gates.Hv > 0;
+    if (p.conv) {
+      const cuda::ConvJoin conv = *p.conv;
+      const char* op = conv_label(conv.n_segs, joined.n_norms, gates);
+      KEV_TRY(recorder_->replace_last(
+          op, p.sig, [=](cudaStream_t s) { return launched(cuda::launch_causal_conv1d_silu_joined(conv, joined, s), op); }));
+      return true;
+    }
+    const char* op = !gates ? "l2_norm x2" : joined.n_norms == 2 ? "l2_norm x2 + gdn_gates" : "l2_norm + gdn_gates";
     KEV_TRY(recorder_->replace_last(op, p.sig, [=](cudaStream_t s) { return launched(cuda::launch_gdn_prep(joined, s), op); }));
     last_producer_ = Producer{};  // the norm it noted is no longer the command's only op
     return true;
@@ -650,7 +680,7 @@ class CudaBackend final : public Backend {
       last_prep_ = GdnPrep{};
       return;
     }
-    last_prep_ = GdnPrep{part, std::move(sig), reads, writes, recorder_->pass_serial(), recorder_->recorded()};
+    last_prep_ = GdnPrep{part, std::move(sig), reads, writes, recorder_->pass_serial(), recorder_->recorded(), {}, {}};
   }
 
   // Notes the command just recorded as one whose kernel can also write out's FP16 copy for a matmul
@@ -794,12 +824,14 @@ class CudaBackend final : public Backend {
   // The last command recorded that could write a matmul's FP16 input, and when (see
   // producer_writes_matmul_input()).
   Producer last_producer_;
-  // The last l2_norm / gdn_gates command (alone or joined), and when (see join_gdn_prep()).
+  // The last causal conv or l2_norm / gdn_gates command (alone or joined), and when (see join_gdn_prep()).
   struct GdnPrep {
     cuda::GdnPrepArgs args;
     CommandSig sig;
     std::vector<Tensor> reads, writes;
     uint64_t pass = 0, recorded = 0;
+    std::optional<cuda::ConvJoin> conv;  // the conv segments it starts with, if any
+    std::vector<Tensor> conv_out;        // their outs
   };
   GdnPrep last_prep_;
   // The last norm command, and when (see join_norm_rope()).
@@ -968,7 +1000,35 @@ Status CudaBackend::causal_conv1d_silu(const Tensor& x, const Tensor& w, const T
   for (const Tensor* t : {&x, &w, &state_in, &out, &state_out}) sig_tensor(sig, *t);
   sig.word(layout.n_seqs(), layout.from_prefix);
   sig.ptr(offsets);
+  // A fused state + score pass's question rows right after its state, from the state the conv just
+  // recorded writes: one launch (cuda::ConvJoin).
+  GdnPrep& p = last_prep_;
+  if (p.conv && p.conv->n_segs == 1 && p.args.n_norms == 0 && p.args.gates.n * p.args.gates.Hv == 0 &&
+      p.pass == recorder_->pass_serial() && p.recorded == recorder_->recorded() && p.recorded > 0) {
+    cuda::ConvJoin pair = *p.conv;
+    pair.seg[1] = a;
+    pair.n_segs = 2;
+    bool apart = disjoint(x, out);  // beyond the kernel's conditions: nothing else shared between the two
+    for (const Tensor& t : p.reads) apart = apart && disjoint(out, t);
+    for (const Tensor& t : p.writes) apart = apart && disjoint(out, t) && disjoint(x, t);
+    if (apart && cuda::conv_prep_fusable(pair, cuda::GdnPrepArgs{})) {
+      p.conv = pair;
+      p.sig.shape.insert(p.sig.shape.end(), sig.shape.begin(), sig.shape.end());
+      p.sig.ptrs.insert(p.sig.ptrs.end(), sig.ptrs.begin(), sig.ptrs.end());
+      p.reads.insert(p.reads.end(), {x, w, state_in});
+      p.writes.push_back(out);
+      p.conv_out.push_back(out);
+      const char* op = conv_label(2, 0, false);
+      return recorder_->replace_last(op, p.sig, [=](cudaStream_t s) {
+        return launched(cuda::launch_causal_conv1d_silu_joined(pair, cuda::GdnPrepArgs{}, s), op);
+      });
+    }
+  }
   recorder_->record(kOp, sig, [=](cudaStream_t s) { return launched(cuda::launch_causal_conv1d_silu(a, s), kOp); });
+  cuda::ConvJoin one;
+  one.seg[0] = a;
+  last_prep_ = GdnPrep{cuda::GdnPrepArgs{}, std::move(sig), {x, w, state_in}, {out, state_out},
+                       recorder_->pass_serial(), recorder_->recorded(), one, {out}};
   return Status::success();
 }
 

@@ -1,7 +1,7 @@
 // Helpers shared by the CUDA backend's kernels: overflow-free activations (the same forms as the
 // CPU's vec.h), warp sums, strided row addressing, sequence lookup in a packed layout, bit-exact BF16
 // conversion (round to nearest even, NaN kept quiet — as common/bf16.h), the GDN gates of one (token,
-// head), and the launchers' host-side alignment checks.
+// head), an l2 norm's sum and factor, and the launchers' host-side alignment checks.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,6 +36,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+
+// An l2 norm's pieces (norms.cu, and the conv with a Gated DeltaNet layer's prep joined in, in
+// causal_conv1d.cu, which must keep norms.cu's bits): a float4's squares summed in lane order, and the
+// row's factor scale / sqrt(Σx² + eps) from the warp's sum.
+__device__ __forceinline__ float sum_squares(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+__device__ __forceinline__ float l2_factor(float ss, float scale, float eps) { return scale / sqrtf(ss + eps); }
 
 // Host side, for the launchers' vector-path choice: 16-byte alignment of a base pointer, and row
 // strides that keep every row of a view float4-aligned.

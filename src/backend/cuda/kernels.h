@@ -153,6 +153,21 @@ struct ConvArgs {
   int n_seqs = 0;
 };
 cudaError_t launch_causal_conv1d_silu(const ConvArgs& a, cudaStream_t stream);
+// Conv commands joined into one launch (cuda_backend.cpp): a conv, or two whose second continues the
+// first's rows from its final state (seg[1]: x and out rows right after seg[0]'s in the same views,
+// prefix = seg[0].state_out, no state_out; seg[0]'s prefix, if any, apart from its state_out, which is
+// written first: a fused state + score pass's state and question rows), and the Gated DeltaNet prep
+// recorded right after them (a launch_gdn_prep's ops, whose norms read the conv's out): one launch and
+// the conv state's, the bits of the separate ones. Takes them when every segment runs 4-token runs on
+// the float4 path and, with norms, C % 128 == 0 and each norm is an l2 norm without a half copy over
+// all rows of [n, H, 128] heads in 128-aligned, disjoint column ranges of out (x = seg[0].out + col0,
+// strides out_stride and 128), writing [n, H, 128] float4-aligned rows.
+struct ConvJoin {
+  ConvArgs seg[2];
+  int n_segs = 1;
+};
+bool conv_prep_fusable(const ConvJoin& c, const GdnPrepArgs& p);
+cudaError_t launch_causal_conv1d_silu_joined(const ConvJoin& c, const GdnPrepArgs& p, cudaStream_t stream);
 
 // rope.cu. x [n, H, hd] with token stride xs0 and head stride xs1, in place on dims [0, n_rot).
 struct RopeArgs {

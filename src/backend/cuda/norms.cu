@@ -33,9 +33,11 @@
 // GEMM row is half_group consecutive norm rows (rms_norm_gated: the Hv heads of a token): with
 // kOptimisticMinGemmRows GEMM rows or more (Kev's long prefills) each warp of the usual 4-row blocks
 // stores its row's copy as if s = 1 and raises the GEMM row's max, and launch_f16_rows_fixup sets the
-// scales and converts the rare rows with s != 1 again (f16_rows.cuh); fewer GEMM rows take a block of
-// half_group warps (<= 32, grid.x = rows / half_group) per GEMM row, which takes the block max and
-// each lane converts the out elements it wrote (its last chunk from registers). H200, 2026-12-02,
+// scales and converts the rare rows with s != 1 again (f16_rows.cuh); fewer GEMM rows take
+// norm_vec4_block_kernel, a block per GEMM row (grid.x = rows / half_group) of half_group warps, or of
+// half_group / 2 warps each normalising two rows one after the other when half_group > 16 (the 4B's 32
+// heads a token: 512 threads, so two blocks share an SM), which takes the block max and each lane
+// converts the out elements it wrote (its last chunk from registers, the rest read back). H200, 2026-12-02,
 // `KEV_CUDA_TRACE=ops`, rms_norm_gated +f16 per call, block → optimistic: 4B 2,187-token prefill 89.2
 // → 75.5 us (the plain norm: 52.6), 0.8B 41.6 → 43.3; 0.8B short passes 9.0 → 12.5 (the memset and
 // fix-up launches).
@@ -125,14 +127,14 @@ __device__ __forceinline__ float norm_vec4_row(const NormArgs& a, int64_t row, i
           v[u] = add4(v[u], y);
           *reinterpret_cast<float4*>(sum + j) = v[u];
         }
-        ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+        ss += sum_squares(v[u]);
       }
     }
     if (base + kLaneChunk >= a.d) break;
   }
   ss = warp_sum(ss);
   const float f =
-      kKind == NormKind::L2 ? a.scale / sqrtf(ss + a.eps) : 1.0f / sqrtf(ss / static_cast<float>(a.d) + a.eps);
+      kKind == NormKind::L2 ? l2_factor(ss, a.scale, a.eps) : 1.0f / sqrtf(ss / static_cast<float>(a.d) + a.eps);
   float mx = 0.0f;
   auto emit = [&](int64_t b, float4(&o)[kLaneVecs]) {
 #pragma unroll
@@ -157,39 +159,68 @@ __device__ __forceinline__ float norm_vec4_row(const NormArgs& a, int64_t row, i
   return mx;
 }
 
-// How norm_vec4_kernel writes out's FP16 copy: not at all; with a block of half_group warps per GEMM
-// row taking the row's max first (the grid exact, no row out of range); or optimistically
-// (f16_rows.cuh) from blocks of kWarpsPerBlock rows, each warp storing its row as if s = 1 and raising
-// its GEMM row's max (launch_vec4 zeroes the slots first and runs launch_f16_rows_fixup after). The
-// copy [rows / half_group, half_group·d] is [rows, d] row-major either way.
-enum class HalfCopy { None, Block, Optimistic };
+// How norm_vec4_kernel writes out's FP16 copy: not at all, or optimistically (f16_rows.cuh), each
+// warp storing its row as if s = 1 and raising its GEMM row's max (launch_vec4 zeroes the slots first
+// and runs launch_f16_rows_fixup after). Passes of fewer GEMM rows take norm_vec4_block_kernel, a
+// block per GEMM row taking the row's max first. The copy [rows / half_group, half_group·d] is
+// [rows, d] row-major either way.
+enum class HalfCopy { None, Optimistic };
 
 template <NormKind kKind, HalfCopy kHalf>
 __global__ void __launch_bounds__(1024) norm_vec4_kernel(NormArgs a) {
   constexpr bool kCopy = kHalf != HalfCopy::None;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (kHalf != HalfCopy::Block && row >= a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2]) return;
+  if (row >= a.x_rows.shape[0] * a.x_rows.shape[1] * a.x_rows.shape[2]) return;
   float4 r[kLaneVecs];
   int64_t last = 0;
   [[maybe_unused]] const float mx = norm_vec4_row<kKind, kCopy>(a, row, lane, r, last);
   if constexpr (kCopy) {
-    float inv = 1.0f;
-    if constexpr (kHalf == HalfCopy::Block) {
-      __shared__ float part[32];
-      inv = f16_row_inverse_scale(block_max(mx, part));
-      if (threadIdx.x == 0) a.half_scales[blockIdx.x] = 1.0f / inv;
-    }
     const float* out = a.out + row_offset(a.out_rows, row);
     __half* h = reinterpret_cast<__half*>(a.half) + row * a.d;
-    for (int64_t j = 4 * lane; j < last; j += 128) store_f16(h + j, ld4(out + j), inv);  // this lane's own writes
+    for (int64_t j = 4 * lane; j < last; j += 128) store_f16(h + j, ld4(out + j), 1.0f);  // this lane's own writes
 #pragma unroll
     for (int u = 0; u < kLaneVecs; ++u) {
       const int64_t j = last + 4 * lane + 128 * u;
-      if (j < a.d) store_f16(h + j, r[u], inv);
+      if (j < a.d) store_f16(h + j, r[u], 1.0f);
     }
-    if constexpr (kHalf == HalfCopy::Optimistic) {
-      raise_row_max_warp(a.half_scales, static_cast<uint32_t>(row / a.half_group), mx);
+    raise_row_max_warp(a.half_scales, static_cast<uint32_t>(row / a.half_group), mx);
+  }
+}
+
+// Norm rows per warp of norm_vec4_block_kernel: two when a GEMM row has more than 16 (the 4B's 32 heads
+// a token), so its block has at most 512 threads and two blocks share an SM at ~64 registers; with a
+// warp per head the 1,024-thread blocks ran one per SM and a short pass's ~250 tokens in two waves.
+__host__ __device__ __forceinline__ int block_rows_per_warp(int64_t half_group) { return half_group > 16 ? 2 : 1; }
+
+// HalfCopy::Block: one block per GEMM row of half_group norm rows, block_rows_per_warp rows a warp
+// (a warp may have none: every warp still takes part in the block max).
+template <NormKind kKind>
+__global__ void __launch_bounds__(512, 2) norm_vec4_block_kernel(NormArgs a) {
+  const int lane = threadIdx.x % 32, per = block_rows_per_warp(a.half_group);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * a.half_group + static_cast<int64_t>(threadIdx.x / 32) * per;
+  const int64_t end = min(row + per, (static_cast<int64_t>(blockIdx.x) + 1) * a.half_group);
+  float4 r[kLaneVecs];
+  int64_t last = 0;
+  float mx = 0.0f;
+  for (int64_t i = row; i < end; ++i) mx = fmaxf(mx, norm_vec4_row<kKind, true>(a, i, lane, r, last));
+  __shared__ float part[32];
+  const float inv = f16_row_inverse_scale(block_max(mx, part));
+  if (threadIdx.x == 0) a.half_scales[blockIdx.x] = 1.0f / inv;
+  for (int64_t i = row; i < end; ++i) {
+    const float* out = a.out + row_offset(a.out_rows, i);
+    __half* h = reinterpret_cast<__half*>(a.half) + i * a.d;
+    // This lane's own writes read back: all of the warp's earlier row, the chunks before the last one
+    // of its last row, whose last chunk is still in r.
+    const bool last_row = i + 1 == end;
+    const int64_t read_back = last_row ? last : a.d;
+    for (int64_t j = 4 * lane; j < read_back; j += 128) store_f16(h + j, ld4(out + j), inv);
+    if (last_row) {
+#pragma unroll
+      for (int u = 0; u < kLaneVecs; ++u) {
+        const int64_t j = last + 4 * lane + 128 * u;
+        if (j < a.d) store_f16(h + j, r[u], inv);
+      }
     }
   }
 }
@@ -307,7 +338,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
         v[u] = add4(v[u], yv[u]);
         *reinterpret_cast<float4*>(a.sum + x_off + 4 * j) = v[u];
       }
-      ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+      ss += sum_squares(v[u]);
     }
   }
   __shared__ float part[kRowThreads / 32];
@@ -407,7 +438,9 @@ cudaError_t launch_vec4(const NormArgs& a, int64_t rows, cudaStream_t stream) {
   }
   const int64_t gemm_rows = rows / a.half_group;
   if (gemm_rows < kOptimisticMinGemmRows) {
-    norm_vec4_kernel<kKind, HalfCopy::Block><<<static_cast<unsigned>(gemm_rows), 32 * a.half_group, 0, stream>>>(a);
+    const int64_t per = block_rows_per_warp(a.half_group);
+    norm_vec4_block_kernel<kKind>
+        <<<static_cast<unsigned>(gemm_rows), static_cast<unsigned>(32 * ((a.half_group + per - 1) / per)), 0, stream>>>(a);
     return cudaGetLastError();
   }
   cudaError_t err = cudaMemsetAsync(a.half_scales, 0, static_cast<size_t>(gemm_rows) * sizeof(float), stream);

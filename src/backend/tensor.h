@@ -38,6 +38,11 @@ struct Tensor {
   std::array<int64_t, kMaxDims> stride{};  // elements; stride[rank-1] == 1
 
   bool empty() const { return buffer == nullptr; }
+  // The identical view: the same bytes seen with the same dtype, shape and strides.
+  bool same_view(const Tensor& o) const {
+    return buffer == o.buffer && offset == o.offset && dtype == o.dtype && rank == o.rank && shape == o.shape &&
+           stride == o.stride;
+  }
   int64_t dim(int i) const { return shape[i < 0 ? rank + i : i]; }
   int64_t numel() const;
   bool is_contiguous() const;

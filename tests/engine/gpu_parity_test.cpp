@@ -35,14 +35,18 @@ class GpuParity : public ::testing::TestWithParam<std::string> {
     auto b = create_backend(GetParam(), BackendOptions{});
     if (!b.ok()) GTEST_SKIP() << GetParam() << " backend unavailable: " << b.status().to_string();
   }
+  // An engine with this test's backend on an exported model.
+  Result<Engine> load(const golden::ExportedModel& model) const {
+    Options o;
+    o.backend = GetParam();
+    return Engine::load(model.dir, o);
+  }
 };
 
 TEST_P(GpuParity, GoldenProbabilitiesMatchHf) {
   const json expected = golden::read_json(golden::golden_dir() + "/expected.json");
   golden::ExportedModel model(golden::golden_dir() + "/tiny", golden::golden_dir() + "/tiny", GetParam() + "-hf");
-  Options o;
-  o.backend = GetParam();
-  auto engine = Engine::load(model.dir, o);
+  auto engine = load(model);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   EXPECT_EQ(engine->info().dtype, "fp32");
   double worst_p = 0, worst_z = 0;
@@ -69,9 +73,7 @@ TEST_P(GpuParity, StateAndLogitsMatchCpuPath) {
 TEST_P(GpuParity, PrefixBitIdenticalAfter50Evaluations) {
   const json expected = golden::read_json(golden::golden_dir() + "/expected.json");
   golden::ExportedModel model(golden::golden_dir() + "/tiny", golden::golden_dir() + "/tiny", GetParam() + "-hash");
-  Options o;
-  o.backend = GetParam();
-  auto engine = Engine::load(model.dir, o);
+  auto engine = load(model);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   auto request = parse_request(expected["requests"][0]["body"].dump());
   ASSERT_TRUE(request.ok());
@@ -99,9 +101,7 @@ TEST_P(GpuParity, PrefixBitIdenticalAfter50Evaluations) {
 TEST_P(GpuParity, FusedStateAndScorePassMatchesSeparatePasses) {
   const json expected = golden::read_json(golden::golden_dir() + "/expected.json");
   golden::ExportedModel model(golden::golden_dir() + "/tiny", golden::golden_dir() + "/tiny", GetParam() + "-fused");
-  Options o;
-  o.backend = GetParam();
-  auto engine = Engine::load(model.dir, o);
+  auto engine = load(model);
   ASSERT_TRUE(engine.ok()) << engine.status().to_string();
   const bool bitwise = GetParam() == "webgpu";
   double worst = 0;

@@ -616,9 +616,8 @@ class CudaBackend final : public Backend {
     if (p.conv ? !cuda::conv_prep_fusable(*p.conv, joined) : !cuda::gdn_prep_fusable(joined)) return false;
     // A norm may read the conv's out: the joined kernel normalises it from the registers that hold it.
     auto read_from_registers = [&](const Tensor& t) {
-      return part.n_norms > 0 && std::any_of(p.conv_out.begin(), p.conv_out.end(), [&](const Tensor& o) {
-               return o.buffer == t.buffer && o.offset == t.offset && o.rank == t.rank && o.shape == t.shape && o.stride == t.stride;
-             });
+      return part.n_norms > 0 &&
+             std::any_of(p.conv_out.begin(), p.conv_out.end(), [&](const Tensor& o) { return o.same_view(t); });
     };
     for (const Tensor& w : writes) {
       for (const std::vector<Tensor>* ts : {&p.reads, &p.writes}) {

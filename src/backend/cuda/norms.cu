@@ -193,8 +193,9 @@ __global__ void __launch_bounds__(1024) norm_vec4_kernel(NormArgs a) {
 // warp per head the 1,024-thread blocks ran one per SM and a short pass's ~250 tokens in two waves.
 __host__ __device__ __forceinline__ int block_rows_per_warp(int64_t half_group) { return half_group > 16 ? 2 : 1; }
 
-// HalfCopy::Block: one block per GEMM row of half_group norm rows, block_rows_per_warp rows a warp
-// (a warp may have none: every warp still takes part in the block max).
+// The FP16 copy of passes under kOptimisticMinGemmRows GEMM rows: one block per GEMM row of half_group
+// norm rows, block_rows_per_warp rows a warp (a warp may have none: every warp still takes part in the
+// block max).
 template <NormKind kKind>
 __global__ void __launch_bounds__(512, 2) norm_vec4_block_kernel(NormArgs a) {
   const int lane = threadIdx.x % 32, per = block_rows_per_warp(a.half_group);

@@ -452,8 +452,20 @@ TEST(CudaMatmul, HalfWeightsMatchWidenedReference) {
   const std::shared_ptr<Backend> rounded = cuda_backend_with(CudaGemm::BF16);
   ASSERT_TRUE(rounded);
   // k = 16,400 and 4,098: rows past one register chunk of the FP16 conversion kernel (float4 and scalar).
-  for (const Shape& s : {Shape{33, 1024, 3584, false}, Shape{7, 2560, 256, true}, Shape{1, 1024, 300, false},
-                         Shape{130, 1024, 67, true}, Shape{3, 16400, 40, true}, Shape{5, 4098, 64, false}}) {
+  // Without bias, few rows of narrow outputs split k (matmul.h): 2 slices (7 × 2560 × 256, the 0.8B's
+  // MLP down at 220 rows), 3 (26 × 3072 × 1024), each plane summed by the row kernel here (no
+  // add_rms_norm follows).
+  const Shape shapes[] = {{33, 1024, 3584, false}, {7, 2560, 256, false}, {7, 2560, 256, true},
+                          {1, 1024, 300, false},   {130, 1024, 67, true}, {3, 16400, 40, true},
+                          {5, 4098, 64, false},    {26, 3072, 1024, false}, {220, 3584, 1024, false}};
+  int split_shapes = 0;
+  for (const Shape& s : shapes) {
+    const Result<int> splits = cuda_matmul_k_splits(*gpu, s.n, s.k, s.m);
+    ASSERT_TRUE(splits.ok()) << splits.status().to_string();
+    split_shapes += *splits > 1 && !s.bias;
+  }
+  EXPECT_GE(split_shapes, 3) << "the k-split path should run (matmul.h, k_splits)";
+  for (const Shape& s : shapes) {
     const std::vector<float> x = testing::randn(static_cast<size_t>(s.n * s.k), 1.0f, 11);
     const std::vector<uint16_t> w = half_exact_weights(static_cast<size_t>(s.m * s.k), 0.03f, 12);
     const std::vector<float> bias = s.bias ? testing::randn(static_cast<size_t>(s.m), 1.0f, 13) : std::vector<float>{};
@@ -710,11 +722,28 @@ TEST(CudaMatmul, ConsumerTakingOverTheRowRescaleKeepsTheBits) {
       {"add_rms_norm, matmul bias", Consumer::AddRmsNorm, 13, 256, 1024, Reads::Bias},
       {"swiglu, halves swapped", Consumer::Swiglu, 13, 256, 512, Reads::Swapped},
       {"swiglu, other gate", Consumer::Swiglu, 13, 256, 512, Reads::Other},
+      // k split into planes (matmul.h): add_rms_norm's row kernel adds them itself (2, 3 and 4
+      // slices); on the warp and scalar kernels, in swiglu, and for another y, the matmul adds them;
+      // the chain's gate_up, down and next projection all split.
+      {"add_rms_norm, k in 2 slices", Consumer::AddRmsNorm, 220, 3584, 1024, Reads::Out},
+      {"add_rms_norm, k in 3 slices", Consumer::AddRmsNorm, 26, 3072, 1024, Reads::Out},
+      {"add_rms_norm wide, k in 4 slices", Consumer::AddRmsNorm, 26, 4096, 2560, Reads::Out},
+      {"add_rms_norm 256, k slices", Consumer::AddRmsNorm, 29, 2048, 256, Reads::Out},
+      {"add_rms_norm scalar, k slices", Consumer::AddRmsNorm, 13, 2048, 100, Reads::Out},
+      {"add_rms_norm, other y, k slices", Consumer::AddRmsNorm, 13, 2048, 1024, Reads::Other},
+      {"swiglu, k slices", Consumer::Swiglu, 13, 2048, 512, Reads::Out},
+      // Three split matmuls in one pass (gate_up, down, the next projection) share one planes region.
+      {"mlp chain, k slices", Consumer::MlpChain, 26, 2048, 2048, Reads::Out},
   };
   for (const RescaleFoldCase& c : cases) {
     SCOPED_TRACE(c.name);
     const int64_t n = c.n, k = c.k, d = c.d;
     const int64_t m = c.consumer == Consumer::AddRmsNorm && c.reads != Reads::FirstHalf ? d : 2 * d;
+    if (std::strstr(c.name, "slices")) {
+      const Result<int> splits = cuda_matmul_k_splits(*gpu, n, k, m);
+      ASSERT_TRUE(splits.ok()) << splits.status().to_string();
+      EXPECT_GT(*splits, 1) << "the case should split k";
+    }
     // Token t's rows ~ 10^(t mod 13 − 6): the matmul's input and the residual alike, so the sum keeps
     // the low bits of the small rows.
     auto spread = [&](std::vector<float> v, int64_t cols) {

@@ -252,6 +252,7 @@ class CudaBackend final : public Backend {
     KEV_ASSIGN_OR_RETURN(gemm_workspace_, pool_->acquire(kGemmWorkspace));
     KEV_TRY(gemm_.init(gemm_workspace_, kGemmWorkspace));
     total_memory_ = prop.totalGlobalMem;
+    sm_count_ = prop.multiProcessorCount;
     device_text_ = cat(prop.name, " (sm_", prop.major, prop.minor, ", ",
                        std::round(static_cast<double>(prop.totalGlobalMem) / double(1ull << 30) * 10) / 10,
                        " GiB), CUDA runtime ", runtime / 1000, ".", (runtime % 1000) / 10, ", cuBLASLt ",
@@ -280,6 +281,8 @@ class CudaBackend final : public Backend {
     const CudaPoolStats p = pool_stats();
     return DeviceMemory{p.bytes_in_use, p.bytes_cached, p.device_allocations};
   }
+  int matmul_k_splits(int64_t n, int64_t k, int64_t m) const { return cuda::k_splits(n, k, m, sm_count_); }
+
   CudaGraphStats graph_stats() const {
     CudaGraphStats s;
     if (recorder_) {
@@ -392,8 +395,16 @@ class CudaBackend final : public Backend {
     a.w = f32p(w);
     a.z = f32p(y);
     a.z_rows = rows_of(y);
-    a.z_scales = pending_rescale(y, Tensor{});
+    a.z_scales = pending_rescale(y, Tensor{}, true);
     a.sum = f32p(x);
+    if (a.z_scales && last_scaled_.planes) {
+      a.z_planes = last_scaled_.planes;
+      a.z_n_planes = last_scaled_.n_planes;
+      if (!cuda::norm_takes_planes(with_rows(a, x, out, eps))) {
+        a.z_scales = a.z_planes = nullptr;  // the matmul adds its planes itself
+        a.z_n_planes = 0;
+      }
+    }
     return record_norm(kOp, a, x, y, w, out, eps);
   }
 
@@ -723,10 +734,12 @@ class CudaBackend final : public Backend {
   // (no bias) and the op about to be recorded reads exactly its out: `lo` alone the same [n, m] rows, or
   // lo and hi the two halves of every row ([n, m/2] views at columns 0 and m/2: swiglu's gate and up),
   // so the op reads every value the rescale would write, each in its token's row. Else null. Checks
-  // only; the op calls fold_rescale once its own operands are validated.
-  const float* pending_rescale(const Tensor& lo, const Tensor& hi) const {
+  // only; the op calls fold_rescale once its own operands are validated. A k-split matmul's planes
+  // are added only by add_rms_norm's row kernel (takes_planes; cuda::norm_takes_planes).
+  const float* pending_rescale(const Tensor& lo, const Tensor& hi, bool takes_planes = false) const {
     const ScaledMatmul& mm = last_scaled_;
     if (!mm.unscaled || mm.pass != recorder_->pass_serial() || mm.recorded != recorder_->recorded()) return nullptr;
+    if (mm.planes && !takes_planes) return nullptr;
     const Tensor& o = mm.out;
     const int64_t n = o.shape[0], m = o.shape[1], half = hi.empty() ? m : m / 2;
     auto rows_of_out = [&](const Tensor& t, int64_t col) {
@@ -748,7 +761,8 @@ class CudaBackend final : public Backend {
     KEV_TRY(recorder_->replace_last("matmul", msig, std::move(mm.unscaled),
                                     trace_label([&] { return cat(mm.label, " rescale folded"); })));
     sig.word(uint64_t{1});  // applies the previous matmul's rescale
-    sig.ptr(mm.scales);
+    sig.ptr(mm.scales, mm.planes);
+    sig.word(mm.n_planes);
     mm = ScaledMatmul{};
     return Status::success();
   }
@@ -805,6 +819,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   std::string device_text_;
   size_t total_memory_ = 0;
+  int sm_count_ = 0;
   std::shared_ptr<cuda::DevicePool> pool_;
   std::unique_ptr<cuda::PassRecorder> recorder_;
   cuda::GemmRunner gemm_;
@@ -846,11 +861,20 @@ class CudaBackend final : public Backend {
     CommandSig sig;
     Tensor out;
     const float* scales = nullptr;
+    const float* planes = nullptr;  // a k-split GEMM's planes, which the folding op adds (matmul.h)
+    int n_planes = 0;
     cuda::PassRecorder::Enqueue unscaled;  // the matmul's closure without the rescale
     std::string label;
     uint64_t pass = 0, recorded = 0;
   };
   ScaledMatmul last_scaled_;
+  // The scratch region this pass's k-split matmuls write their planes to (see matmul()).
+  struct PlanesRegion {
+    float* planes = nullptr;
+    size_t bytes = 0;
+    uint64_t pass = 0;
+  };
+  PlanesRegion planes_region_;
 };
 
 Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
@@ -885,18 +909,24 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   const bool half = w.dtype != DType::F32;
   const bool split = w.dtype == DType::BF16 && options_.cuda_gemm != CudaGemm::BF16;
   const int64_t rows = split ? 2 * n : n;
+  // F16 weights without bias may split k into slices whose planes are added after the GEMM, by a row
+  // kernel with the rescale or by the add_rms_norm that reads the product (matmul.h).
+  const int splits = w.dtype == DType::F16 && !bp ? cuda::k_splits(n, k, m, sm_count_) : 1;
+  const int64_t wsize = static_cast<int64_t>(dtype_size(w.dtype)), slice = k / splits;
   cuda::GemmShape shape;
   shape.n = rows;
   shape.k = k;
   shape.m = m;
   shape.ldx = half ? k : ldx;
-  shape.ldo = split ? m : ldo;
+  shape.ldo = split || splits > 1 ? m : ldo;
   shape.w = w.dtype;
-  // The 16-bit copy and the split GEMM's output go to scratch, which is 256-byte aligned (a null
-  // pointer stands for that).
-  shape.align_x = half ? cuda::column_alignment(nullptr, k * 2) : cuda::column_alignment(xp, ldx * 4);
-  shape.align_w = cuda::column_alignment(wp, k * static_cast<int64_t>(dtype_size(w.dtype)));
-  shape.align_out = split ? cuda::column_alignment(nullptr, m * 4) : cuda::column_alignment(op, ldo * 4);
+  shape.splits = splits;
+  // The 16-bit copy, the split GEMM's output and the planes go to scratch, which is 256-byte aligned (a
+  // null pointer stands for that); slices start every `slice` columns of x and W.
+  shape.align_x =
+      half ? cuda::column_alignment(nullptr, (k | slice) * 2) : cuda::column_alignment(xp, ldx * 4);
+  shape.align_w = cuda::column_alignment(wp, (k | slice) * wsize);
+  shape.align_out = split || splits > 1 ? cuda::column_alignment(nullptr, m * 4) : cuda::column_alignment(op, ldo * 4);
   KEV_TRY(gemm_.prepare(shape, wp, recorder_->stream()));
   // Consecutive projections of one input (q/k/v, the four GDN projections, gate/up) share its 16-bit
   // copy: when the command recorded just before this one, in this pass, was a matmul that converted
@@ -926,6 +956,21 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
     sig.ptr(scales);
     sig.word(convert, from_producer);
   }
+  float* planes = nullptr;
+  if (splits > 1) {
+    // Planes are dead once the command after their matmul is recorded (their sum, or the add_rms_norm
+    // that adds them, runs before anything recorded later: one stream), so a pass's split matmuls share
+    // one region, grown when a larger one comes.
+    const size_t bytes = static_cast<size_t>(splits * n * m) * sizeof(float);
+    PlanesRegion& r = planes_region_;
+    if (r.pass != recorder_->pass_serial() || r.bytes < bytes) {
+      KEV_ASSIGN_OR_RETURN(char* scratch, recorder_->scratch(bytes));
+      r = PlanesRegion{reinterpret_cast<float*>(scratch), bytes, recorder_->pass_serial()};
+    }
+    planes = r.planes;
+    sig.ptr(planes);
+    sig.word(splits);
+  }
   float* halves = nullptr;
   if (split) {
     KEV_ASSIGN_OR_RETURN(char* scratch, recorder_->scratch(static_cast<size_t>(rows * m) * sizeof(float)));
@@ -946,6 +991,11 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
         KEV_TRY(gemm->enqueue(shape, xs, wp, halves, s));
         return launched(cuda::launch_split_sum_rows(halves, n, m, bp, op, ldo, s), "matmul split sum");
       }
+      if (planes) {
+        KEV_TRY(gemm->enqueue(shape, xs, wp, planes, s));
+        if (!rescale) return Status::success();
+        return launched(cuda::launch_planes_sum_rows(planes, splits, n, m, scales, op, ldo, s), "matmul k-slice sum");
+      }
       KEV_TRY(gemm->enqueue(shape, xs ? static_cast<const void*>(xs) : xp, wp, op, s));
       if (scales && rescale) {
         return launched(cuda::launch_scale_bias_rows(op, ldo, scales, bp, n, m, s), "matmul row rescale");
@@ -956,6 +1006,7 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   };
   std::string label = trace_label([&] {
     return cat("matmul n=", n, " k=", k, " m=", m, " ", dtype_name(w.dtype), split ? "x2" : "",
+               splits > 1 ? cat(" in ", splits, " k slices") : std::string(),
                from_producer ? " x from producer" : convert || !half ? "" : " shared x");
   });
   recorder_->record(kOp, sig, enqueue(true), label);
@@ -963,8 +1014,8 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
     last_half_ = HalfInput{xp, n, k, ldx, w.dtype, split, xs, scales, recorder_->pass_serial(), recorder_->recorded()};
   }
   if (scales && !bp) {
-    last_scaled_ = ScaledMatmul{std::move(sig), out, scales, enqueue(false), std::move(label), recorder_->pass_serial(),
-                                recorder_->recorded()};
+    last_scaled_ = ScaledMatmul{std::move(sig),          out, scales, planes, planes ? splits : 0, enqueue(false),
+                                std::move(label),        recorder_->pass_serial(), recorder_->recorded()};
   }
   return Status::success();
 }
@@ -1252,6 +1303,13 @@ Result<CudaGraphStats> cuda_graph_stats(const Backend& backend) {
   KEV_CHECK(b != nullptr, ErrorCode::InvalidRequest, "cuda_graph_stats: backend '", backend.info().name,
             "' is not a CUDA backend");
   return b->graph_stats();
+}
+
+Result<int> cuda_matmul_k_splits(const Backend& backend, int64_t n, int64_t k, int64_t m) {
+  const auto* b = dynamic_cast<const CudaBackend*>(&backend);
+  KEV_CHECK(b != nullptr, ErrorCode::InvalidRequest, "cuda_matmul_k_splits: backend '", backend.info().name,
+            "' is not a CUDA backend");
+  return b->matmul_k_splits(n, k, m);
 }
 
 }  // namespace kev

@@ -56,4 +56,8 @@ struct CudaGraphStats {
 };
 Result<CudaGraphStats> cuda_graph_stats(const Backend& backend);
 
+// How many k slices an F16-weight matmul without bias of x [n, k] and W [m, k] runs in on this
+// backend's GPU (1: one GEMM; see matmul.h, k_splits), for tests that must reach the split path.
+Result<int> cuda_matmul_k_splits(const Backend& backend, int64_t n, int64_t k, int64_t m);
+
 }  // namespace kev

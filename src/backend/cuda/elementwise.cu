@@ -10,6 +10,7 @@
 //                     [2^-10, 2^15], else the s_i putting max|x_i| / s_i in [2^14, 2^15], so FP16's
 //                     65,504 is never exceeded and small rows keep 11 significant bits;
 //                     scale_bias_rows then multiplies the GEMM's row i by s_i (and adds the bias)
+//   planes_sum_rows: out[i,:] = (Σ_p planes[p][i,:]) · s_i for a k-split GEMM's planes (matmul.h)
 //   bias_rows:   out[i,:] += bias, or out[i,:] = bias (or 0) for a matmul with k = 0
 //
 // σ, SiLU and softplus are the overflow-free forms (device_math.cuh). FP32 throughout.
@@ -45,7 +46,8 @@
 // binary_half's short passes (the row's max needs the whole row), the row loaded in one burst and
 // converted from registers, with float4 loads and 8-byte stores under f32_to_bf16_rows' conditions
 // (else per value).
-// scale_bias_rows: one 256-thread block per row. An output may be the identical
+// scale_bias_rows: one 256-thread block per row. planes_sum_rows, split_sum_rows: grid (rows,
+// ceil(m / 256)), a thread per output element. An output may be the identical
 // view of an input: each element is read by the thread that writes it, before it writes it.
 // Binary maps right after the F16-weight matmul that wrote x and y (swiglu's gate and up; in_scales):
 // the thread reading an element multiplies it by its row's scale and stores the product back where the
@@ -357,6 +359,23 @@ __global__ void split_sum_rows_kernel(const float* s, int64_t n, int64_t m, cons
   }
 }
 
+// out[i, :] = (planes[0][i, :] + planes[1][i, :] + ...) · scales[i]: a k-split GEMM's planes [np, n, m]
+// contiguous, added in plane order and rescaled exactly as norms.cu's add_rms_norm does when it reads
+// them itself (NormArgs::z_planes), so both give the same bits.
+__global__ void planes_sum_rows_kernel(const float* planes, int np, int64_t n, int64_t m, const float* scales, float* out,
+                                       int64_t ldo) {
+  const int64_t row = blockIdx.x;
+  const float* p = planes + row * m;
+  const float s = row_scale(scales, row);
+  float* o = out + row * ldo;
+  for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < m;
+       j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+    float v = p[j];
+    for (int q = 1; q < np; ++q) v = v + p[q * n * m + j];
+    o[j] = rescaled(v, s);
+  }
+}
+
 template <int V>
 __global__ void __launch_bounds__(kMaxRowThreads)
     f32_to_f16_rows_scaled_kernel(const float* x, int64_t ldx, __half* dst, float* scales, int64_t k) {
@@ -519,6 +538,15 @@ cudaError_t launch_split_sum_rows(const float* s, int64_t n, int64_t m, const fl
   const int64_t col_blocks = std::min<int64_t>((m + kThreads - 1) / kThreads, 65535);
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(col_blocks));
   split_sum_rows_kernel<<<grid, kThreads, 0, stream>>>(s, n, m, bias, out, ldo);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_planes_sum_rows(const float* planes, int n_planes, int64_t n, int64_t m, const float* scales,
+                                   float* out, int64_t ldo, cudaStream_t stream) {
+  if (n == 0 || m == 0) return cudaSuccess;
+  const int64_t col_blocks = std::min<int64_t>((m + kThreads - 1) / kThreads, 65535);
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(col_blocks));
+  planes_sum_rows_kernel<<<grid, kThreads, 0, stream>>>(planes, n_planes, n, m, scales, out, ldo);
   return cudaGetLastError();
 }
 

@@ -24,6 +24,10 @@ struct Rows {
 cudaError_t launch_gather_rows(const void* src, bool src_bf16, int64_t V, int64_t src_stride, const int32_t* ids,
                                int64_t n, int64_t d, float* out, int64_t out_stride, cudaStream_t stream);
 
+// The most k slices of a k-split matmul (matmul.h, GemmShape::splits; its planes are read by
+// launch_planes_sum_rows and by add_rms_norm through NormArgs::z_planes).
+constexpr int kMaxKSplits = 4;
+
 // norms.cu. Row-wise over d = innermost length.
 enum class NormKind { Rms, L2, RmsGated, AddRms };
 struct NormArgs {
@@ -36,6 +40,11 @@ struct NormArgs {
   // by these row scales ([rows], f16_rows.cuh); the kernel uses y · scale and writes that back into y
   // (z) where the scale is not 1. Null: y as is.
   const float* z_scales = nullptr;
+  // add_rms with z_scales: y as the planes of a k-split matmul (matmul.h, GemmShape::splits), z_planes
+  // [z_n_planes, rows, d] contiguous; the kernel adds them in plane order, rescales the sum and writes it
+  // into y (z), as launch_planes_sum_rows would. Only on the row kernel (norm_takes_planes). Null: none.
+  const float* z_planes = nullptr;
+  int z_n_planes = 0;
   float* sum = nullptr;      // add_rms: receives x + y (rows x_rows); the op passes x itself (in place)
   const float* w = nullptr;  // rms/add_rms: gain 1 + w; gated: gain w; l2: unused
   float* out = nullptr;
@@ -53,6 +62,8 @@ struct NormArgs {
 cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream);
 // Whether launch_norm can write a's half copy (float4 paths, half_group dividing the rows, at most 32).
 bool norm_writes_half(const NormArgs& a);
+// Whether launch_norm can read a's y from z_planes (add_rms_norm on the wide-row kernel).
+bool norm_takes_planes(const NormArgs& a);
 
 // elementwise.cu: beta = σ(b), g = −exp(a_log)·softplus(a + dt_bias); b, a, beta, g [n, Hv] with row
 // strides, a_log and dt_bias [Hv].
@@ -135,6 +146,10 @@ cudaError_t launch_f32_to_f16_rows_scaled(const float* x, int64_t ldx, uint16_t*
 // (skipped without bias where the op recorded next takes the scales: NormArgs::z_scales, launch_binary).
 cudaError_t launch_scale_bias_rows(float* out, int64_t ldo, const float* scales, const float* bias, int64_t n, int64_t m,
                                    cudaStream_t stream);
+// out[i, :] (row stride ldo) = (planes[0][i, :] + planes[1][i, :] + ...) · scales[i], the planes added in
+// order: a k-split GEMM's n_planes planes [n_planes, n, m] contiguous (matmul.h, GemmShape::splits).
+cudaError_t launch_planes_sum_rows(const float* planes, int n_planes, int64_t n, int64_t m, const float* scales,
+                                   float* out, int64_t ldo, cudaStream_t stream);
 // out[i, :] (row stride ldo) = s[i, :] + s[n + i, :] (+ bias) for a split-input GEMM's s [2n, m].
 cudaError_t launch_split_sum_rows(const float* s, int64_t n, int64_t m, const float* bias, float* out, int64_t ldo,
                                   cudaStream_t stream);

@@ -32,6 +32,15 @@ int column_alignment(const void* ptr, int64_t ld_bytes) {
   return static_cast<int>(bits & (~bits + 1));
 }
 
+int k_splits(int64_t n, int64_t k, int64_t m, int sms) {
+  if (n > kMaxSplitRows) return 1;
+  const int64_t tiles = ((m + 127) / 128) * ((n + 127) / 128);
+  for (int s = kMaxKSplits; s > 1; --s) {
+    if (k % s == 0 && (k / s) % 64 == 0 && k / s >= kMinSlice && tiles * s <= sms) return s;
+  }
+  return 1;
+}
+
 Status GemmRunner::prepare(const GemmShape& s, const void* w, cudaStream_t stream) {
   if (s.n == 0 || s.m == 0 || s.k == 0 || plans_.count(s)) return Status::success();
   Plan p;
@@ -45,11 +54,26 @@ Status GemmRunner::prepare(const GemmShape& s, const void* w, cudaStream_t strea
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
     KEV_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
     KEV_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
-    KEV_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.a, ab, static_cast<uint64_t>(s.k), static_cast<uint64_t>(s.m), s.k));
+    const int64_t ks = s.k / s.splits;  // the k of one slice
+    KEV_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.a, ab, static_cast<uint64_t>(ks), static_cast<uint64_t>(s.m), s.k));
     KEV_CUBLAS_TRY(
-        cublasLtMatrixLayoutCreate(&p.b, ab, static_cast<uint64_t>(s.k), static_cast<uint64_t>(s.n), s.ldx));
+        cublasLtMatrixLayoutCreate(&p.b, ab, static_cast<uint64_t>(ks), static_cast<uint64_t>(s.n), s.ldx));
     KEV_CUBLAS_TRY(
         cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, static_cast<uint64_t>(s.m), static_cast<uint64_t>(s.n), s.ldo));
+    if (s.splits > 1) {
+      // Slice j: W's and x's columns j·ks.. (their rows in cuBLASLt's column-major view), plane j of out.
+      const int32_t count = s.splits;
+      const int64_t plane = s.ldo * s.n;
+      for (cublasLtMatrixLayout_t l : {p.a, p.b, p.d}) {
+        KEV_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      }
+      KEV_CUBLAS_TRY(
+          cublasLtMatrixLayoutSetAttribute(p.a, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &ks, sizeof(ks)));
+      KEV_CUBLAS_TRY(
+          cublasLtMatrixLayoutSetAttribute(p.b, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &ks, sizeof(ks)));
+      KEV_CUBLAS_TRY(
+          cublasLtMatrixLayoutSetAttribute(p.d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &plane, sizeof(plane)));
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     KEV_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = workspace_bytes_;
@@ -80,7 +104,7 @@ Status GemmRunner::prepare(const GemmShape& s, const void* w, cudaStream_t strea
     }
     KEV_CHECK(found > 0, ErrorCode::Unsupported, "matmul: cuBLASLt has no algorithm for n=", s.n, " k=", s.k,
               " m=", s.m, " (", dtype_name(s.w), " weights, ldx ", s.ldx, ", ldo ", s.ldo, ", alignments ",
-              s.align_x, "/", s.align_w, "/", s.align_out, " bytes)");
+              s.align_x, "/", s.align_w, "/", s.align_out, " bytes, ", s.splits, " k slices)");
     int pick = 0;
     if (found > 1) {
       KEV_ASSIGN_OR_RETURN(pick, fastest(p, s, results, found, w, stream));
@@ -98,7 +122,7 @@ Result<int> GemmRunner::fastest(const Plan& p, const GemmShape& s, const cublasL
                                 int n, const void* w, cudaStream_t stream) const {
   constexpr int kWarmups = 2, kRuns = 5;
   const size_t x_bytes = static_cast<size_t>(s.ldx * (s.n - 1) + s.k) * dtype_size(s.w);
-  const size_t out_bytes = static_cast<size_t>(s.ldo * (s.n - 1) + s.m) * sizeof(float);
+  const size_t out_bytes = static_cast<size_t>(s.ldo * (s.n - 1) + s.m) * sizeof(float) * s.splits;
   KEV_CUDA_TRY(cudaStreamSynchronize(stream));  // segments of the pass being recorded may still run
   void* x = nullptr;
   void* out = nullptr;

@@ -22,6 +22,21 @@
 // 220–250 rows no answer beat the first by more than ~1.5 µs (docs/backends.md, Tracing), a small
 // GEMM's timing would cost more than it could save, and long prefills' GEMMs (n in the thousands, each
 // candidate's timing ~3 ms) were not measured to gain.
+// K split into planes (GemmShape::splits > 1): one batched GEMM over `splits` equal slices of k writes
+// one FP32 plane per slice ([splits, n, m] contiguous scratch); cuda_backend.cpp's matmul adds the
+// planes in slice order, either in a row kernel with the row rescale (launch_planes_sum_rows) or in the
+// add_rms_norm that reads the product (NormArgs::z_planes), the same bits either way. For narrow outputs
+// at few rows cuBLASLt's own split-K runs a separate reduce kernel (4B MLP down at 220 rows: its split-3
+// GEMM 21.8 µs + splitKreduce 5.4 µs under Nsight Compute) or its plain GEMM leaves SMs idle;
+// k_splits() picks the slices. H200, 2026-12-03, GEMM alone in a CUDA graph of 20, weights cycled past
+// L2, cuBLASLt's first answer, unsplit → split: 4B down (n 220, k 9216, m 2560) 23.5 → 18.8 µs in 3
+// slices, 4B out_proj (k 4096) 14.1 → 11.9 in 2, 0.8B down (k 3584, m 1024) 8.5 → 6.4 in 2 (5.9 in 4),
+// 0.8B out_proj (k 2048) 6.3 → 4.7 in 2; at 470 rows the 4B shapes gained nothing (down 30.6 → 31.4 in
+// 2). The consumer pays for reading the planes (`KEV_CUDA_TRACE=ops`, model pass): add_rms_norm +f16
+// 7.9 → 9.2 µs a call at 4B (3 and 2 planes), 6.5 → 7.4 at 0.8B with 4 planes, which ate the 0.8B's
+// GEMM gain at slices of 512 and 896 (and at 470 rows); hence slices of at least kMinSlice and at most
+// two 128-row tiles of x. Docs: docs/backends.md (Thirteenth session).
+
 #pragma once
 
 #include <cublasLt.h>
@@ -31,6 +46,7 @@
 #include <map>
 #include <tuple>
 
+#include "backend/cuda/kernels.h"
 #include "backend/tensor.h"
 #include "kev/result.h"
 
@@ -45,7 +61,9 @@ struct GemmShape {
   int64_t ldx = 0, ldo = 0;  // leading dimensions in elements (x's as given to cuBLASLt)
   DType w = DType::F32;  // F32, BF16 or F16 (x as given to cuBLASLt has the same dtype)
   int align_x = 0, align_w = 0, align_out = 0;  // guaranteed byte alignment of every column start
-  auto key() const { return std::tie(n, k, m, ldx, ldo, w, align_x, align_w, align_out); }
+  // k in `splits` equal slices, one plane of out each: out [splits, n, m] with ldo = m (see above).
+  int splits = 1;
+  auto key() const { return std::tie(n, k, m, ldx, ldo, w, align_x, align_w, align_out, splits); }
   bool operator<(const GemmShape& o) const { return key() < o.key(); }
 };
 
@@ -84,5 +102,12 @@ class GemmRunner {
 
 // Largest power of two (<= 256) dividing both the address and the leading dimension in bytes.
 int column_alignment(const void* ptr, int64_t ld_bytes);
+
+// The k slices for an [n, k] · [k, m] GEMM on a GPU of `sms` SMs: for n <= kMaxSplitRows, the most
+// slices s <= kMaxKSplits whose 128 × 128 output tiles times s still fit one wave
+// (⌈m/128⌉·⌈n/128⌉·s <= sms), each slice a multiple of 64 and at least kMinSlice long; 1 (no split)
+// when none does.
+constexpr int64_t kMaxSplitRows = 256, kMinSlice = 1024;
+int k_splits(int64_t n, int64_t k, int64_t m, int sms);
 
 }  // namespace kev::cuda

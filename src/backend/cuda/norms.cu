@@ -50,6 +50,9 @@
 // add_rms_norm right after the F16-weight matmul that wrote y (NormArgs::z_scales): every path
 // multiplies y's row r by z_scales[r] as it reads it and stores the product back into y where the
 // scale is not 1 (f16_rows.cuh); the lane that reads an element of y is the one that writes it.
+// When that matmul split k into planes (NormArgs::z_planes, matmul.h), the row kernel reads the planes
+// instead of y, adds them in plane order, rescales the sum and stores it into y, the bits
+// launch_planes_sum_rows would have written: the cuBLASLt split-K reduce kernel, or ours, does not run.
 #include <climits>
 
 #include "backend/cuda/device_math.cuh"
@@ -307,9 +310,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) norm_rope_kernel(NormArgs
 constexpr int kRowThreads = 128, kRowVec = 8;  // wide rows: d / 4 <= kRowThreads · kRowVec
 
 // kAdd: add_rms_norm (the row is x + y, written back through a.sum before the reduction). kHalf: also
-// the row's FP16 copy (half_group = 1).
-template <bool kAdd, bool kHalf>
+// the row's FP16 copy (half_group = 1). kPlanes: y is the sum of a.z_planes' rows (kAdd only).
+template <bool kAdd, bool kHalf, bool kPlanes = false>
 __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
+  static_assert(kAdd || !kPlanes, "planes are add_rms_norm's y");
   const int64_t row = blockIdx.x;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t x_off = row_offset(a.x_rows, row);
@@ -324,7 +328,17 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
     const int j = threadIdx.x + u * kRowThreads;
     if (j < nv) {
       v[u] = ld4(x + 4 * j);
-      if constexpr (kAdd) yv[u] = ld4(y + 4 * j);
+      if constexpr (kPlanes) {
+        const int64_t plane = static_cast<int64_t>(gridDim.x) * a.d;  // a block per row
+        const float* p = a.z_planes + row * a.d + 4 * j;
+        yv[u] = ld4(p);
+#pragma unroll
+        for (int q = 1; q < kMaxKSplits; ++q) {
+          if (q < a.z_n_planes) yv[u] = add4(yv[u], ld4(p + q * plane));
+        }
+      } else if constexpr (kAdd) {
+        yv[u] = ld4(y + 4 * j);
+      }
       wv[u] = ld4(a.w + 4 * j);
     }
   }
@@ -335,7 +349,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
     if (j < nv) {
       if constexpr (kAdd) {
         yv[u] = rescaled(yv[u], ys);
-        if (ys != 1.0f) *reinterpret_cast<float4*>(const_cast<float*>(y) + 4 * j) = yv[u];
+        if (kPlanes || ys != 1.0f) *reinterpret_cast<float4*>(const_cast<float*>(y) + 4 * j) = yv[u];
         v[u] = add4(v[u], yv[u]);
         *reinterpret_cast<float4*>(a.sum + x_off + 4 * j) = v[u];
       }
@@ -454,6 +468,16 @@ cudaError_t launch_vec4(const NormArgs& a, int64_t rows, cudaStream_t stream) {
 
 template <bool kAdd>
 void launch_row(const NormArgs& a, int64_t rows, cudaStream_t stream) {
+  if constexpr (kAdd) {
+    if (a.z_planes) {
+      if (a.half) {
+        rms_norm_row_kernel<true, true, true><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(a);
+      } else {
+        rms_norm_row_kernel<true, false, true><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(a);
+      }
+      return;
+    }
+  }
   if (a.half) {
     rms_norm_row_kernel<kAdd, true><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(a);
   } else {
@@ -471,6 +495,11 @@ bool norm_writes_half(const NormArgs& a) {
     case NormPath::Scalar: return false;
   }
   return false;
+}
+
+bool norm_takes_planes(const NormArgs& a) {
+  return a.kind == NormKind::AddRms && a.z_scales != nullptr && a.z_n_planes >= 1 && a.z_n_planes <= kMaxKSplits &&
+         aligned16(a.z_planes) && norm_path(a) == NormPath::Row;
 }
 
 bool gdn_prep_fusable(const GdnPrepArgs& a) {
@@ -512,6 +541,7 @@ cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream) {
   const int64_t rows = a.x_rows.count();
   if (rows == 0 || a.d == 0) return cudaSuccess;
   if (a.half && !norm_writes_half(a)) return cudaErrorInvalidValue;
+  if (a.z_planes && !norm_takes_planes(a)) return cudaErrorInvalidValue;
   const NormPath path = norm_path(a);
   if (path == NormPath::Row) {
     if (a.kind == NormKind::AddRms) {

@@ -235,9 +235,17 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
   const std::pair<WGPUPowerPreference, bool> asks[] = {{WGPUPowerPreference_HighPerformance, false},
                                                       {WGPUPowerPreference_LowPower, false},
                                                       {WGPUPowerPreference_Undefined, true}};
+  // Dawn's Null backend answers when no other backend loads (e.g. no Vulkan loader) but executes
+  // nothing: every buffer it "computes" is garbage, so it is never a candidate.
+  bool only_null = false;
   for (const auto& [power, fallback] : asks) {
     KEV_ASSIGN_OR_RETURN(AdapterCandidate c, request_adapter(d->instance_, power, fallback));
     if (!c.adapter) continue;
+    if (c.backend == WGPUBackendType_Null) {
+      only_null = found.empty();
+      wgpuAdapterRelease(c.adapter);
+      continue;
+    }
     const bool dup = std::any_of(found.begin(), found.end(), [&](const AdapterCandidate& f) {
       return f.name == c.name && f.backend == c.backend && f.description == c.description;
     });
@@ -247,8 +255,11 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
       found.push_back(c);
     }
   }
-  KEV_CHECK(!found.empty(), ErrorCode::Device,
-            "webgpu: no adapter found (on a machine without a GPU install Mesa's lavapipe >= 25, see scripts/setup)");
+  KEV_CHECK(!found.empty(), ErrorCode::Device, "webgpu: no adapter found",
+            only_null ? " (Dawn offered only its Null backend, which runs no shaders: is a Vulkan loader and driver "
+                        "installed?)"
+                      : "",
+            " (on a machine without a GPU install Mesa's lavapipe >= 25, see scripts/setup)");
   size_t pick = found.size();
   for (size_t i = 0; i < found.size() && pick == found.size(); ++i) {
     if (adapter_choice.empty() || matches(found[i], adapter_choice)) pick = i;

@@ -85,6 +85,17 @@ TEST(WebGpu, ReportsAdapterAndLimits) {
   std::printf("webgpu adapter: %s\n", info.device.c_str());
 }
 
+// Dawn's Null adapter (what Dawn offers when no Vulkan loader loads) runs no shaders: the device layer
+// must refuse it with a clear error instead of computing garbage. Needs only Dawn, not a driver.
+TEST(WebGpu, RefusesTheNullAdapter) {
+  WebGpuTestHooks hooks;
+  hooks.null_backend_only = true;
+  auto r = create_webgpu_backend_for_test(BackendOptions{}, hooks);
+  ASSERT_FALSE(r.ok()) << "the Null adapter was accepted: " << (*r)->info().device;
+  EXPECT_EQ(r.status().code(), ErrorCode::Device) << r.status().to_string();
+  EXPECT_NE(r.status().to_string().find("Null backend"), std::string::npos) << r.status().to_string();
+}
+
 // Runs `c` on `gpu` and on the CPU reference: the case must be supported and within its tolerance.
 void expect_matches_reference(const OpCase& c, Backend& gpu) {
   const CaseReport r = run_case(c, gpu, cpu_reference());

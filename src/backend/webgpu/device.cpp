@@ -151,10 +151,12 @@ Result<ScopeReply> pop_error_scope(WGPUInstance instance, WGPUDevice device, con
   return scope;
 }
 
-Result<AdapterCandidate> request_adapter(WGPUInstance instance, WGPUPowerPreference power, bool fallback) {
+Result<AdapterCandidate> request_adapter(WGPUInstance instance, WGPUPowerPreference power, bool fallback,
+                                         bool null_backend_only) {
   WGPURequestAdapterOptions o = WGPU_REQUEST_ADAPTER_OPTIONS_INIT;
   o.powerPreference = power;
   o.forceFallbackAdapter = fallback;
+  if (null_backend_only) o.backendType = WGPUBackendType_Null;
   AdapterReply reply;
   WGPURequestAdapterCallbackInfo cb = WGPU_REQUEST_ADAPTER_CALLBACK_INFO_INIT;
   cb.mode = WGPUCallbackMode_WaitAnyOnly;
@@ -221,7 +223,7 @@ void Device::on_device_lost(WGPUDevice const*, WGPUDeviceLostReason reason, WGPU
 }
 
 Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, uint64_t max_binding_override,
-                                             bool use_subgroups) {
+                                             bool use_subgroups, bool null_backend_only) {
   std::unique_ptr<Device> d(new Device());
   const WGPUInstanceFeatureName timed = WGPUInstanceFeatureName_TimedWaitAny;
   WGPUInstanceDescriptor idesc = WGPU_INSTANCE_DESCRIPTOR_INIT;
@@ -239,7 +241,7 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
   // nothing: every buffer it "computes" is garbage, so it is never a candidate.
   bool only_null = false;
   for (const auto& [power, fallback] : asks) {
-    KEV_ASSIGN_OR_RETURN(AdapterCandidate c, request_adapter(d->instance_, power, fallback));
+    KEV_ASSIGN_OR_RETURN(AdapterCandidate c, request_adapter(d->instance_, power, fallback, null_backend_only));
     if (!c.adapter) continue;
     if (c.backend == WGPUBackendType_Null) {
       only_null = found.empty();

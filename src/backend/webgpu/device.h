@@ -96,9 +96,10 @@ class Device {
   // adapter's name, vendor or driver description). `max_binding_override` > 0 lowers the storage
   // binding limit the backend plans with (tests use it to exercise split weights); `use_subgroups`
   // false keeps the kernels on their workgroup-memory reductions even where subgroups work (tests
-  // run both variants).
+  // run both variants); `null_backend_only` asks Dawn for its Null backend alone, which open() refuses
+  // (tests check that refusal, which a machine without a Vulkan loader meets).
   static Result<std::unique_ptr<Device>> open(const std::string& adapter, uint64_t max_binding_override,
-                                               bool use_subgroups = true);
+                                               bool use_subgroups = true, bool null_backend_only = false);
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;

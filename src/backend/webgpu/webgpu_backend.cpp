@@ -282,7 +282,8 @@ Result<std::shared_ptr<Backend>> create_webgpu_backend_for_test(const BackendOpt
     return std::shared_ptr<Backend>(std::make_shared<webgpu::WebGpuBackend>(nullptr, limits));
   }
   KEV_ASSIGN_OR_RETURN(std::unique_ptr<webgpu::Device> device,
-                       webgpu::Device::open(options.adapter, hooks.max_binding_bytes, hooks.subgroups));
+                       webgpu::Device::open(options.adapter, hooks.max_binding_bytes, hooks.subgroups,
+                                                            hooks.null_backend_only));
   const webgpu::DeviceLimits limits = device->limits();
   return std::shared_ptr<Backend>(std::make_shared<webgpu::WebGpuBackend>(std::move(device), limits));
 }

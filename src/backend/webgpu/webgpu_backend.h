@@ -39,6 +39,7 @@ Result<std::shared_ptr<Backend>> create_webgpu_backend(const BackendOptions& opt
 struct WebGpuTestHooks {
   uint64_t max_binding_bytes = 0;
   bool subgroups = true;
+  bool null_backend_only = false;  // offer open() only Dawn's Null adapter (which it must refuse)
 };
 Result<std::shared_ptr<Backend>> create_webgpu_backend_for_test(const BackendOptions& options,
                                                                 const WebGpuTestHooks& hooks);

@@ -918,7 +918,8 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   shape.k = k;
   shape.m = m;
   shape.ldx = half ? k : ldx;
-  shape.ldo = split || splits > 1 ? m : ldo;
+  const bool out_in_scratch = split || splits > 1;  // the halves or the planes, summed into out after
+  shape.ldo = out_in_scratch ? m : ldo;
   shape.w = w.dtype;
   shape.splits = splits;
   // The 16-bit copy, the split GEMM's output and the planes go to scratch, which is 256-byte aligned (a
@@ -926,7 +927,7 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
   shape.align_x =
       half ? cuda::column_alignment(nullptr, (k | slice) * 2) : cuda::column_alignment(xp, ldx * 4);
   shape.align_w = cuda::column_alignment(wp, (k | slice) * wsize);
-  shape.align_out = split || splits > 1 ? cuda::column_alignment(nullptr, m * 4) : cuda::column_alignment(op, ldo * 4);
+  shape.align_out = out_in_scratch ? cuda::column_alignment(nullptr, m * 4) : cuda::column_alignment(op, ldo * 4);
   KEV_TRY(gemm_.prepare(shape, wp, recorder_->stream()));
   // Consecutive projections of one input (q/k/v, the four GDN projections, gate/up) share its 16-bit
   // copy: when the command recorded just before this one, in this pass, was a matmul that converted
@@ -989,12 +990,13 @@ Status CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias,
       }
       if (split) {
         KEV_TRY(gemm->enqueue(shape, xs, wp, halves, s));
-        return launched(cuda::launch_split_sum_rows(halves, n, m, bp, op, ldo, s), "matmul split sum");
+        return launched(cuda::launch_planes_sum_rows(halves, 2, n, m, nullptr, bp, op, ldo, s), "matmul split sum");
       }
       if (planes) {
         KEV_TRY(gemm->enqueue(shape, xs, wp, planes, s));
         if (!rescale) return Status::success();
-        return launched(cuda::launch_planes_sum_rows(planes, splits, n, m, scales, op, ldo, s), "matmul k-slice sum");
+        return launched(cuda::launch_planes_sum_rows(planes, splits, n, m, scales, nullptr, op, ldo, s),
+                        "matmul k-slice sum");
       }
       KEV_TRY(gemm->enqueue(shape, xs ? static_cast<const void*>(xs) : xp, wp, op, s));
       if (scales && rescale) {

@@ -4,13 +4,14 @@
 //   gdn_gates:   beta = σ(b);  g = −exp(A_log) · softplus(a + dt_bias)      b, a, beta, g [n,Hv]
 //   copy:        out = x, F32/BF16 on either side (BF16: round to nearest even, NaN kept quiet)
 //   f32_to_bf16_rows: matmul's x rounded to BF16 into contiguous scratch [n,k], or split x = hi + lo
-//                     into [2n,k] (hi rows, then lo rows); split_sum_rows adds the GEMM's two halves
+//                     into [2n,k] (hi rows, then lo rows); planes_sum_rows adds the GEMM's two halves
 //   f32_to_f16_rows_scaled: matmul's x for F16 weights: row i divided by a power of two s_i (exact) and
 //                     rounded to FP16 into [n,k] scratch, s_i to scales[i]: s_i = 1 when max|x_i| lies in
 //                     [2^-10, 2^15], else the s_i putting max|x_i| / s_i in [2^14, 2^15], so FP16's
 //                     65,504 is never exceeded and small rows keep 11 significant bits;
 //                     scale_bias_rows then multiplies the GEMM's row i by s_i (and adds the bias)
-//   planes_sum_rows: out[i,:] = (Σ_p planes[p][i,:]) · s_i for a k-split GEMM's planes (matmul.h)
+//   planes_sum_rows: out[i,:] = (Σ_p planes[p][i,:]) · s_i (+ bias) for a k-split GEMM's planes
+//                     (matmul.h) or a split-input GEMM's two halves (s_i = 1)
 //   bias_rows:   out[i,:] += bias, or out[i,:] = bias (or 0) for a matmul with k = 0
 //
 // σ, SiLU and softplus are the overflow-free forms (device_math.cuh). FP32 throughout.
@@ -46,7 +47,7 @@
 // binary_half's short passes (the row's max needs the whole row), the row loaded in one burst and
 // converted from registers, with float4 loads and 8-byte stores under f32_to_bf16_rows' conditions
 // (else per value).
-// scale_bias_rows: one 256-thread block per row. planes_sum_rows, split_sum_rows: grid (rows,
+// scale_bias_rows: one 256-thread block per row. planes_sum_rows: grid (rows,
 // ceil(m / 256)), a thread per output element. An output may be the identical
 // view of an input: each element is read by the thread that writes it, before it writes it.
 // Binary maps right after the F16-weight matmul that wrote x and y (swiglu's gate and up; in_scales):
@@ -346,24 +347,12 @@ __global__ void f32_to_bf16_rows_kernel(const float* x, int64_t ldx, uint16_t* d
   }
 }
 
-// out[i, :] = s[i, :] + s[n + i, :] (+ bias): the two halves of a split-input GEMM, s [2n, m] contiguous.
-__global__ void split_sum_rows_kernel(const float* s, int64_t n, int64_t m, const float* bias, float* out, int64_t ldo) {
-  const int64_t row = blockIdx.x;
-  const float* hi = s + row * m;
-  const float* lo = s + (n + row) * m;
-  float* o = out + row * ldo;
-  for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < m;
-       j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
-    const float v = hi[j] + lo[j];
-    o[j] = bias ? v + bias[j] : v;
-  }
-}
-
-// out[i, :] = (planes[0][i, :] + planes[1][i, :] + ...) · scales[i]: a k-split GEMM's planes [np, n, m]
-// contiguous, added in plane order and rescaled exactly as norms.cu's add_rms_norm does when it reads
-// them itself (NormArgs::z_planes), so both give the same bits.
-__global__ void planes_sum_rows_kernel(const float* planes, int np, int64_t n, int64_t m, const float* scales, float* out,
-                                       int64_t ldo) {
+// out[i, :] = (planes[0][i, :] + planes[1][i, :] + ...) · scales[i] (+ bias): planes [np, n, m] contiguous,
+// a k-split GEMM's (added in plane order and rescaled exactly as norms.cu's add_rms_norm does when it
+// reads them itself, NormArgs::z_planes, so both give the same bits) or a split-input GEMM's hi and lo
+// halves (no scales: s = 1, the product exact).
+__global__ void planes_sum_rows_kernel(const float* planes, int np, int64_t n, int64_t m, const float* scales,
+                                       const float* bias, float* out, int64_t ldo) {
   const int64_t row = blockIdx.x;
   const float* p = planes + row * m;
   const float s = row_scale(scales, row);
@@ -372,7 +361,8 @@ __global__ void planes_sum_rows_kernel(const float* planes, int np, int64_t n, i
        j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     float v = p[j];
     for (int q = 1; q < np; ++q) v = v + p[q * n * m + j];
-    o[j] = rescaled(v, s);
+    v = rescaled(v, s);
+    o[j] = bias ? v + bias[j] : v;
   }
 }
 
@@ -532,21 +522,12 @@ cudaError_t launch_f32_to_bf16_rows(const float* x, int64_t ldx, uint16_t* dst, 
   return cudaGetLastError();
 }
 
-cudaError_t launch_split_sum_rows(const float* s, int64_t n, int64_t m, const float* bias, float* out, int64_t ldo,
-                                  cudaStream_t stream) {
-  if (n == 0 || m == 0) return cudaSuccess;
-  const int64_t col_blocks = std::min<int64_t>((m + kThreads - 1) / kThreads, 65535);
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(col_blocks));
-  split_sum_rows_kernel<<<grid, kThreads, 0, stream>>>(s, n, m, bias, out, ldo);
-  return cudaGetLastError();
-}
-
 cudaError_t launch_planes_sum_rows(const float* planes, int n_planes, int64_t n, int64_t m, const float* scales,
-                                   float* out, int64_t ldo, cudaStream_t stream) {
+                                   const float* bias, float* out, int64_t ldo, cudaStream_t stream) {
   if (n == 0 || m == 0) return cudaSuccess;
   const int64_t col_blocks = std::min<int64_t>((m + kThreads - 1) / kThreads, 65535);
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(col_blocks));
-  planes_sum_rows_kernel<<<grid, kThreads, 0, stream>>>(planes, n_planes, n, m, scales, out, ldo);
+  planes_sum_rows_kernel<<<grid, kThreads, 0, stream>>>(planes, n_planes, n, m, scales, bias, out, ldo);
   return cudaGetLastError();
 }
 

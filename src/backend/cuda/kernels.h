@@ -146,13 +146,11 @@ cudaError_t launch_f32_to_f16_rows_scaled(const float* x, int64_t ldx, uint16_t*
 // (skipped without bias where the op recorded next takes the scales: NormArgs::z_scales, launch_binary).
 cudaError_t launch_scale_bias_rows(float* out, int64_t ldo, const float* scales, const float* bias, int64_t n, int64_t m,
                                    cudaStream_t stream);
-// out[i, :] (row stride ldo) = (planes[0][i, :] + planes[1][i, :] + ...) · scales[i], the planes added in
-// order: a k-split GEMM's n_planes planes [n_planes, n, m] contiguous (matmul.h, GemmShape::splits).
+// out[i, :] (row stride ldo) = (planes[0][i, :] + planes[1][i, :] + ...) · scales[i] (+ bias), the planes
+// [n_planes, n, m] contiguous and added in order: a k-split GEMM's (matmul.h, GemmShape::splits), or a
+// split-input GEMM's hi and lo halves [2n, m] (scales null: 1).
 cudaError_t launch_planes_sum_rows(const float* planes, int n_planes, int64_t n, int64_t m, const float* scales,
-                                   float* out, int64_t ldo, cudaStream_t stream);
-// out[i, :] (row stride ldo) = s[i, :] + s[n + i, :] (+ bias) for a split-input GEMM's s [2n, m].
-cudaError_t launch_split_sum_rows(const float* s, int64_t n, int64_t m, const float* bias, float* out, int64_t ldo,
-                                  cudaStream_t stream);
+                                   const float* bias, float* out, int64_t ldo, cudaStream_t stream);
 
 // causal_conv1d.cu. prefix (= state_in or null), state_out optional (single sequence).
 struct ConvArgs {

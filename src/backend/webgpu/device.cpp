@@ -239,12 +239,12 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
                                                       {WGPUPowerPreference_Undefined, true}};
   // Dawn's Null backend answers when no other backend loads (e.g. no Vulkan loader) but executes
   // nothing: every buffer it "computes" is garbage, so it is never a candidate.
-  bool only_null = false;
+  bool saw_null = false;
   for (const auto& [power, fallback] : asks) {
     KEV_ASSIGN_OR_RETURN(AdapterCandidate c, request_adapter(d->instance_, power, fallback, null_backend_only));
     if (!c.adapter) continue;
     if (c.backend == WGPUBackendType_Null) {
-      only_null = found.empty();
+      saw_null = true;
       wgpuAdapterRelease(c.adapter);
       continue;
     }
@@ -258,7 +258,7 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
     }
   }
   KEV_CHECK(!found.empty(), ErrorCode::Device, "webgpu: no adapter found",
-            only_null ? " (Dawn offered only its Null backend, which runs no shaders: is a Vulkan loader and driver "
+            saw_null ? " (Dawn offered only its Null backend, which runs no shaders: is a Vulkan loader and driver "
                         "installed?)"
                       : "",
             " (on a machine without a GPU install Mesa's lavapipe >= 25, see scripts/setup)");

@@ -93,10 +93,14 @@ constexpr GdnShape k08b{16, 16, 128, 128, "0.8b"};
 constexpr GdnShape k4b{16, 32, 128, 128, "4b"};
 // Question rows take the rows kernels only when the recurrence's grid, ceil(dv / 32)·Hv·rows blocks,
 // exceeds two per SM (gated_delta_rule_rows.cu, rows_pass); these shapes have over 1,000 with 3 to 5 rows,
-// enough up to ~500 SMs. kRowsOddDv: dv % 4 != 0, the kernels' scalar paths.
+// enough up to ~500 SMs. kRowsOddDv: dv % 4 != 0, the kernels' scalar paths; kRowsWideDv and
+// kRowsWideOddDv: dv over the rows kernel's 128-column slice (each slice's block forms its own Q̃; the
+// last slice partly filled, a warp's columns partly past dv).
 constexpr GdnShape kRowsTiny{2, 256, 32, 32, "rows_tiny"};
 constexpr GdnShape kRowsDkDv{1, 192, 32, 48, "rows_dk!=dv"};
 constexpr GdnShape kRowsOddDv{2, 384, 64, 6, "rows_odd_dv"};
+constexpr GdnShape kRowsWideDv{2, 128, 64, 200, "rows_dv>128"};
+constexpr GdnShape kRowsWideOddDv{1, 128, 32, 130, "rows_odd_dv>128"};
 
 // v is passed as in the forward: a [n,Hv,dv] view with heads contiguous inside a wider token row
 // (the conv output holds q, k and v side by side), built from a padded [n, Hv·dv] operand.
@@ -270,6 +274,8 @@ const std::vector<OpCase>& cuda_extra_cases() {
     c.push_back(gdn_case(kRowsTiny, {20, 64, 0, 1, 33}, false, false));
     c.push_back(gdn_case(kRowsDkDv, {5, 64, 40}, true, false));
     c.push_back(gdn_case(kRowsOddDv, {17, 0, 64, 3}, true, false));
+    c.push_back(gdn_case(kRowsWideDv, {7, 64, 30}, true, false));
+    c.push_back(gdn_case(kRowsWideOddDv, {33, 1, 50}, true, false));
     c.push_back(gdn_case(kTiny, {200}, true, true, true));
     // The conv kernels' other paths: one channel per thread (C % 4 != 0; an odd row stride), K other
     // than 4, sequences of every length around K and an empty one packed together; passes of 1,024

@@ -91,6 +91,11 @@ class Backend {
   virtual Status synchronize() = 0;
   // Device memory counters of a GPU backend (CUDA's pool, WebGPU's buffers); nullopt for the CPU.
   virtual std::optional<DeviceMemory> memory() const { return std::nullopt; }
+  // A hint, not an op: the op called next is the last to read x's values (the forward calls it before
+  // a matmul whose input nothing else reads). A backend may then leave x's values unwritten where it
+  // hands that op x another way (CUDA: the FP16 copy that x's producer writes for an F16-weight
+  // matmul). Any other call in between cancels it; backends that run ops as they come ignore it.
+  virtual void next_op_is_last_reader(const Tensor& x) { (void)x; }
 
   // ---- ops (shapes outermost first; n = tokens in the pass) ---------------------------------------
   // table [V,d] F32|BF16, ids [n] I32 -> out [n,d].

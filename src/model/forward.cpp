@@ -118,6 +118,14 @@ Status ModelRunner::run(OpKind op, std::initializer_list<Tensor> operands, F&& c
   return Status::success();
 }
 
+// out = x · wᵀ where this matmul is x's last reader (every projection's input but the head's: a norm,
+// swiglu or gated output that nothing else reads); the backend is told so first.
+Status ModelRunner::matmul_last_read(const Tensor& x, const Tensor& w, const Tensor& out) {
+  backend_->next_op_is_last_reader(x);
+  const Tensor none;
+  return run(OpKind::Matmul, {x, w, none, out}, [&] { return backend_->matmul(x, w, none, out); });
+}
+
 Result<Tensor> ModelRunner::embed(std::span<const int32_t> tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   for (int32_t id : tokens) {
@@ -183,7 +191,7 @@ Status ModelRunner::attention_layer(size_t il, const LayerWeights& L, const Tens
   const int64_t kv = Hkv * hd, qw = need_output ? H * 2 * hd : 0;
   const Tensor w = need_output ? W.kvq_proj : W.kvq_proj.slice(0, 0, 2 * kv);
   KEV_ASSIGN_OR_RETURN(Tensor proj, arena_.alloc(DType::F32, {n, 2 * kv + qw}));
-  KEV_TRY(run(OpKind::Matmul, {a, w, none, proj}, [&] { return backend_->matmul(a, w, none, proj); }));
+  KEV_TRY(matmul_last_read(a, w, proj));
   // k ← N_knorm(k) per head, then RoPE on dims [0, n_rot), in place: k and v stay views of proj with the
   // same strides, which attention kernels take as one layout.
   const Tensor k = proj.slice(1, 0, kv).split_last(Hkv);
@@ -223,8 +231,7 @@ Status ModelRunner::attention_layer(size_t il, const LayerWeights& L, const Tens
   KEV_TRY(run(OpKind::SigmoidMul, {att_out, gate_out, att_out},
               [&] { return backend_->sigmoid_mul(att_out, gate_out, att_out); }));
   const Tensor att_flat = att_out.reshaped({m, H * hd}), mix_out = mix.slice(0, out_begin, m);
-  KEV_TRY(run(OpKind::Matmul, {att_flat, W.o_proj, none, mix_out},
-              [&] { return backend_->matmul(att_flat, W.o_proj, none, mix_out); }));
+  KEV_TRY(matmul_last_read(att_flat, W.o_proj, mix_out));
   return Status::success();
 }
 
@@ -244,7 +251,7 @@ Status ModelRunner::gdn_layer(size_t il, const LayerWeights& L, const Tensor& a,
   // The four input projections as one GEMM; qkv, z, b and α are column views of its output.
   const int64_t Z = Hv * dv;
   KEV_ASSIGN_OR_RETURN(Tensor proj, arena_.alloc(DType::F32, {n, C + Z + 2 * Hv}));
-  KEV_TRY(run(OpKind::Matmul, {a, W.in_proj, none, proj}, [&] { return backend_->matmul(a, W.in_proj, none, proj); }));
+  KEV_TRY(matmul_last_read(a, W.in_proj, proj));
   const Tensor qkv = proj.slice(1, 0, C);
   const Tensor z_heads = proj.slice(1, C, Z).split_last(Hv);
   const Tensor b = proj.slice(1, C + Z, Hv);
@@ -289,7 +296,7 @@ Status ModelRunner::gdn_layer(size_t il, const LayerWeights& L, const Tensor& a,
   KEV_TRY(run(OpKind::RmsNormGated, {o, z_heads, W.norm, o},
               [&] { return backend_->rms_norm_gated(o, z_heads, W.norm, eps, o); }));
   const Tensor o_flat = o.reshaped({n, Hv * dv});
-  KEV_TRY(run(OpKind::Matmul, {o_flat, W.out_proj, none, mix}, [&] { return backend_->matmul(o_flat, W.out_proj, none, mix); }));
+  KEV_TRY(matmul_last_read(o_flat, W.out_proj, mix));
   return Status::success();
 }
 
@@ -303,20 +310,17 @@ Status ModelRunner::mixer(size_t il, const LayerWeights& L, const Tensor& a, std
 // (the next layer's input norm, or the final norm), fused with the residual add.
 Status ModelRunner::mlp(const LayerWeights& L, const Tensor& x, const Tensor& a, const Tensor& next_norm) {
   const int64_t n = x.dim(0), d = config_.n_embd, F = config_.n_ff;
-  const Tensor none;
   const size_t mark = arena_.mark();
   const float eps = static_cast<float>(config_.rms_eps);
   // gate and up as one GEMM; the two halves of its output are column views.
   KEV_ASSIGN_OR_RETURN(Tensor gate_up, arena_.alloc(DType::F32, {n, 2 * F}));
-  KEV_TRY(run(OpKind::Matmul, {a, L.gate_up_proj, none, gate_up},
-              [&] { return backend_->matmul(a, L.gate_up_proj, none, gate_up); }));
+  KEV_TRY(matmul_last_read(a, L.gate_up_proj, gate_up));
   // (The two views' byte ranges interleave, so the product goes to its own buffer, not in place.)
   const Tensor gate = gate_up.slice(1, 0, F), up = gate_up.slice(1, F, F);
   KEV_ASSIGN_OR_RETURN(Tensor act, arena_.alloc(DType::F32, {n, F}));
   KEV_TRY(run(OpKind::Swiglu, {gate, up, act}, [&] { return backend_->swiglu(gate, up, act); }));
   KEV_ASSIGN_OR_RETURN(Tensor down, arena_.alloc(DType::F32, {n, d}));
-  KEV_TRY(run(OpKind::Matmul, {act, L.down_proj, none, down},
-              [&] { return backend_->matmul(act, L.down_proj, none, down); }));
+  KEV_TRY(matmul_last_read(act, L.down_proj, down));
   KEV_TRY(run(OpKind::AddRmsNorm, {x, down, next_norm, a},
               [&] { return backend_->add_rms_norm(x, down, next_norm, eps, a); }));
   arena_.rewind(mark);

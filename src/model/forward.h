@@ -108,6 +108,7 @@ class ModelRunner {
   // Checks supports() for the op (an Unsupported error names the op and operands), counts it, runs it.
   template <class F>
   Status run(OpKind op, std::initializer_list<Tensor> operands, F&& call, double flops = 0);
+  Status matmul_last_read(const Tensor& x, const Tensor& w, const Tensor& out);
 
   // Consecutive packed sequences of a pass that continue the same state: the state segment (one
   // sequence from zero state, writing the snapshot) or the question rows.

@@ -587,6 +587,10 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaMatmulShare, ::testing::Values(DType::BF16, D
 // [n, H, hd] (a GEMM row of H rows); passes long enough for the optimistic copy and its fix-up;
 // gains and magnitudes that put rows at 1e-6 ... 1e6 (outside FP16's range, so row-scaled); and matmuls whose x is NOT the producer's out (another tensor; the
 // first half of each out row), where the producer must stay as it was.
+// Then the same with the matmul named x's last reader (Backend::next_op_is_last_reader): the product
+// must keep its bits; where the producer writes the copy in a pass under kOptimisticMinGemmRows GEMM
+// rows it leaves (part of) its FP32 out unwritten — the hint must take effect — and everywhere else
+// (longer passes, whose fix-up reads out, and matmuls of another x) out must be written as before.
 enum class Producer { AddRmsNorm, RmsNormGated, Swiglu, SigmoidMul };
 struct ProducerMatmulCase {
   const char* name;
@@ -658,10 +662,13 @@ TEST(CudaMatmul, ProducerWritingTheF16InputKeepsTheBits) {
     Tensor mx = in_place ? x.t.reshaped({n, k_full}) : a.t;
     if (c.x_is == 1) mx = other.t;
     if (c.x_is == 2) mx = mx.slice(1, 0, k);
-    auto pass = [&](bool apart) {
+    // a is written by the producers that are not in place; this value marks what they left unwritten.
+    const std::vector<float> sentinel(static_cast<size_t>(rows * d), -12345.0f);
+    auto pass = [&](bool apart, bool last_reader = false) {
       auto ok = [](const Status& st) { EXPECT_TRUE(st.ok()) << st.to_string(); };
       ok(gpu->upload(x.t, xv.data(), xv.size() * 4));
       ok(gpu->upload(y.t, yv.data(), yv.size() * 4));
+      ok(gpu->upload(a.t, sentinel.data(), sentinel.size() * 4));
       switch (c.producer) {
         case Producer::AddRmsNorm: ok(gpu->add_rms_norm(x.t, y.t, w.t, 1e-6f, a.t)); break;
         case Producer::RmsNormGated: ok(gpu->rms_norm_gated(xh, yh, w.t, 1e-6f, xh)); break;
@@ -669,6 +676,7 @@ TEST(CudaMatmul, ProducerWritingTheF16InputKeepsTheBits) {
         case Producer::SigmoidMul: ok(gpu->sigmoid_mul(xh, yh, xh)); break;
       }
       if (apart) ok(gpu->synchronize());
+      if (last_reader) gpu->next_op_is_last_reader(mx);
       ok(gpu->matmul(mx, wt.t, Tensor{}, out.t));
       std::vector<float> r = testing::read_f32(*gpu, out.t), xr = testing::read_f32(*gpu, x.t),
                          ar = testing::read_f32(*gpu, a.t);
@@ -686,6 +694,29 @@ TEST(CudaMatmul, ProducerWritingTheF16InputKeepsTheBits) {
       size_t differ = 0;
       for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
       EXPECT_EQ(differ, 0u) << "run " << run << " (0 direct, 1 captured, 2 replayed)";
+    }
+    // The producer's out: x for the in-place ones, else a; unwritten values keep the input / sentinel.
+    const size_t product = static_cast<size_t>(n * c.m), out_at = product + (in_place ? 0 : xv.size());
+    const std::vector<float>& unwritten = in_place ? xv : sentinel;
+    const bool may_skip = c.x_is == 0 && n < 1024;  // f16_rows.cuh's kOptimisticMinGemmRows, as the cases above
+    for (int run = 0; run < 3; ++run) {
+      SCOPED_TRACE("last reader, run " + std::to_string(run) + " (0 direct, 1 captured, 2 replayed)");
+      const std::vector<float> got = pass(false, true);
+      ASSERT_EQ(got.size(), want.size());
+      size_t differ = 0, skipped = 0, wrong = 0;
+      for (size_t i = 0; i < product; ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+      for (size_t i = 0; i < unwritten.size(); ++i) {
+        const float g = got[out_at + i];
+        if (std::memcmp(&g, &want[out_at + i], 4) == 0) continue;
+        (std::memcmp(&g, &unwritten[i], 4) == 0 ? skipped : wrong) += 1;
+      }
+      EXPECT_EQ(differ, 0u) << "the product changed";
+      EXPECT_EQ(wrong, 0u) << "out holds values that are neither the producer's nor its input";
+      if (may_skip) {
+        EXPECT_GT(skipped, 0u) << "the producer still stored all of its FP32 out";
+      } else {
+        EXPECT_EQ(skipped, 0u) << "out was left unwritten where something reads it";
+      }
     }
   }
 }

@@ -197,9 +197,11 @@ Status check_elementwise(const OpCheck& c, const Tensor& t) {
 // A command whose kernel can also write its output's FP16 copy for the F16-weight matmul recorded
 // right after it (see CudaBackend::producer_writes_matmul_input).
 struct Producer {
-  // The command's closure writing also (xs, scales), `group` rows of out per GEMM row; empty when its
-  // kernel cannot.
-  using WithHalf = std::function<cuda::PassRecorder::Enqueue(uint16_t* xs, float* scales, int group)>;
+  // The command's closure writing also (xs, scales), `group` rows of out per GEMM row, and out itself
+  // only where `store_out` (or where its kernel needs out to make the copy); empty when its kernel
+  // cannot write the copy.
+  using WithHalf =
+      std::function<cuda::PassRecorder::Enqueue(uint16_t* xs, float* scales, int group, bool store_out)>;
   const char* op = nullptr;
   CommandSig sig;
   Tensor out;
@@ -280,6 +282,9 @@ class CudaBackend final : public Backend {
   std::optional<DeviceMemory> memory() const override {
     const CudaPoolStats p = pool_stats();
     return DeviceMemory{p.bytes_in_use, p.bytes_cached, p.device_allocations};
+  }
+  void next_op_is_last_reader(const Tensor& x) override {
+    if (recorder_) last_reader_ = LastReader{f32p(x), recorder_->pass_serial(), recorder_->recorded()};
   }
   int matmul_k_splits(int64_t n, int64_t k, int64_t m) const { return cuda::k_splits(n, k, m, sm_count_); }
 
@@ -591,11 +596,13 @@ class CudaBackend final : public Backend {
     if (a.z_scales) KEV_TRY(fold_rescale(sig));
     recorder_->record(op, sig, [=](cudaStream_t s) { return launched(cuda::launch_norm(a, s), op); });
     last_norm_ = LastNorm{a, sig, recorder_->pass_serial(), recorder_->recorded()};
-    noted_producer(op, std::move(sig), out, [=](uint16_t* xs, float* scales, int group) -> cuda::PassRecorder::Enqueue {
+    noted_producer(op, std::move(sig), out,
+                   [=](uint16_t* xs, float* scales, int group, bool store_out) -> cuda::PassRecorder::Enqueue {
       cuda::NormArgs b = a;
       b.half = xs;
       b.half_scales = scales;
       b.half_group = group;
+      b.store_out = store_out;
       if (!cuda::norm_writes_half(b)) return {};
       return [=](cudaStream_t s) { return launched(cuda::launch_norm(b, s), op); };
     });
@@ -704,6 +711,8 @@ class CudaBackend final : public Backend {
   // swiglu or sigmoid_mul) whose out is exactly the matmul's x (the same rows: one out row, or the g
   // rows [i, 0..g) of a [n, g, d] out, per GEMM row), re-records it so that it also writes x's FP16
   // copy and row scales into (xs, scales) and returns true; the matmul then skips its conversion.
+  // When the forward said this matmul is x's last reader (next_op_is_last_reader, right before it),
+  // the producer need not store its FP32 out at all: only the copy is read.
   Result<bool> producer_writes_matmul_input(const Tensor& x, int64_t ldx, uint16_t* xs, float* scales) {
     const Producer& p = last_producer_;
     if (!p.with_half || p.pass != recorder_->pass_serial() || p.recorded != recorder_->recorded() ||
@@ -720,10 +729,13 @@ class CudaBackend final : public Backend {
       group = o.shape[1];
     }
     if (group == 0 || (n > 1 && o.stride[0] != ldx) || group > INT_MAX) return false;
-    cuda::PassRecorder::Enqueue enqueue = p.with_half(xs, scales, static_cast<int>(group));
+    const LastReader& lr = last_reader_;
+    const bool store_out =
+        !(lr.x == f32p(x) && lr.pass == recorder_->pass_serial() && lr.recorded == recorder_->recorded());
+    cuda::PassRecorder::Enqueue enqueue = p.with_half(xs, scales, static_cast<int>(group), store_out);
     if (!enqueue) return false;
     CommandSig sig = p.sig;
-    sig.word(group);
+    sig.word(group, store_out);
     sig.ptr(xs, scales);
     const char* op = p.op;
     KEV_TRY(recorder_->replace_last(op, sig, std::move(enqueue), trace_label([&] { return cat(op, " +f16 copy"); })));
@@ -784,11 +796,13 @@ class CudaBackend final : public Backend {
     recorder_->record(op, sig, [=](cudaStream_t s) {
       return launched(cuda::launch_binary(kind, xp, xr, yp, yr, in_scales, op_, orows, d, s), op);
     });
-    noted_producer(op, std::move(sig), out, [=](uint16_t* xs, float* scales, int group) -> cuda::PassRecorder::Enqueue {
+    noted_producer(op, std::move(sig), out,
+                   [=](uint16_t* xs, float* scales, int group, bool store_out) -> cuda::PassRecorder::Enqueue {
       if (!cuda::binary_writes_half(xp, xr, yp, yr, op_, orows, d, group)) return {};
       return [=](cudaStream_t s) {
-        return launched(
-            cuda::launch_binary_half(kind, xp, xr, yp, yr, in_scales, op_, orows, d, xs, scales, group, s), op);
+        return launched(cuda::launch_binary_half(kind, xp, xr, yp, yr, in_scales, op_, orows, d, xs, scales, group,
+                                                 store_out, s),
+                        op);
       };
     });
     return Status::success();
@@ -838,6 +852,12 @@ class CudaBackend final : public Backend {
   // The last command recorded that could write a matmul's FP16 input, and when (see
   // producer_writes_matmul_input()).
   Producer last_producer_;
+  // The tensor whose last reader is the op recorded next, and when that was said (next_op_is_last_reader).
+  struct LastReader {
+    const float* x = nullptr;
+    uint64_t pass = 0, recorded = 0;
+  };
+  LastReader last_reader_;
   // The last causal conv or l2_norm / gdn_gates command (alone or joined), and when (see join_gdn_prep()).
   struct GdnPrep {
     cuda::GdnPrepArgs args;

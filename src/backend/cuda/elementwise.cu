@@ -92,6 +92,12 @@ __device__ __forceinline__ float binary_op(float x, float y) {
   }
 }
 
+template <BinaryKind kKind>
+__device__ __forceinline__ float4 binary_op4(const float4& x, const float4& y) {
+  return make_float4(binary_op<kKind>(x.x, y.x), binary_op<kKind>(x.y, y.y), binary_op<kKind>(x.z, y.z),
+                     binary_op<kKind>(x.w, y.w));
+}
+
 // Thread i owns float V-group i of the flattened [rows, d / V] index space: a short row (the attention
 // gate's 256 floats) no longer idles most of a block, and the row lookup is one 32-bit division.
 // The V values at xp and yp, multiplied by s (in_scales) and, where s is not 1, stored back.
@@ -123,8 +129,7 @@ __global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, 
     VecOf<V> a, b;
     load_rescaled<V>(x + row_offset(xr, row) + col, y + row_offset(yr, row) + col, row_scale(in_scales, row), a, b);
     if constexpr (V == 4) {
-      const float4 o = make_float4(binary_op<kKind>(a.x, b.x), binary_op<kKind>(a.y, b.y), binary_op<kKind>(a.z, b.z),
-                                   binary_op<kKind>(a.w, b.w));
+      const float4 o = binary_op4<kKind>(a, b);
       *reinterpret_cast<float4*>(op) = o;
       if constexpr (kHalf) {
         store_f16(half + 4 * static_cast<int64_t>(i), o, 1.0f);
@@ -157,13 +162,14 @@ __global__ void f16_rows_fixup_kernel(const float* out, Rows outr, uint32_t dv, 
 
 // The per-row kernels that need a row's max before converting (binary_half under
 // kOptimisticMinGemmRows, f32_to_f16_rows_scaled): a block of row_threads(v) threads per row of v
-// vectors, a thread holding up to kRowVecs of them in registers per chunk of blockDim.x · kRowVecs,
-// all its loads of a chunk issued before any use; rows up to blockDim.x · kRowVecs vectors are one
-// chunk and are converted from registers, longer ones re-read their earlier chunks (their own writes)
-// for the conversion.
+// vectors, a thread holding up to kVecs of them in registers per chunk of blockDim.x · kVecs, all its
+// loads of a chunk issued before any use; rows up to blockDim.x · kVecs vectors are one chunk and are
+// converted from registers, longer ones re-read their earlier chunks (their own writes) for the
+// conversion.
 constexpr int kRowVecs = 4, kMaxRowThreads = 1024;
-// binary_half_kernel's largest block: two per SM at its 64 registers.
-constexpr int kBinaryRowThreads = 512;
+// binary_half_kernel's largest block, two per SM at its 64 registers, and its vectors a thread: five,
+// so that the 4B's swiglu rows (2,304 float4s) are one chunk, converted from registers without out.
+constexpr int kBinaryRowThreads = 512, kBinaryRowVecs = 5;
 
 // About two vectors a thread (more threads in flight than bytes per thread), at most max_threads.
 unsigned row_threads(int64_t vecs, int max_threads = kMaxRowThreads) {
@@ -173,17 +179,17 @@ unsigned row_threads(int64_t vecs, int max_threads = kMaxRowThreads) {
 // This thread's vectors e of a row of `count`, chunk by chunk: load(e, u) for each of them into the
 // caller's slot u, then use(e, u) for each. Returns where the last chunk starts (its vectors stay in
 // the slots).
-template <class Index, class Load, class Use>
+template <int kVecs, class Index, class Load, class Use>
 __device__ __forceinline__ Index walk_row(Index count, Load&& load, Use&& use) {
-  const Index chunk = blockDim.x * kRowVecs;
+  const Index chunk = blockDim.x * kVecs;
   for (Index base = 0;; base += chunk) {
 #pragma unroll
-    for (int u = 0; u < kRowVecs; ++u) {
+    for (int u = 0; u < kVecs; ++u) {
       const Index e = base + threadIdx.x + u * blockDim.x;
       if (e < count) load(e, u);
     }
 #pragma unroll
-    for (int u = 0; u < kRowVecs; ++u) {
+    for (int u = 0; u < kVecs; ++u) {
       const Index e = base + threadIdx.x + u * blockDim.x;
       if (e < count) use(e, u);
     }
@@ -194,38 +200,40 @@ __device__ __forceinline__ Index walk_row(Index count, Load&& load, Use&& use) {
 // The FP16 copy of a walked row of `count` vectors whose largest |value| in this thread is mx: the
 // row's scale to *scale, vector e to dst + V·e, the last chunk's from `held`, the earlier chunks'
 // re-read by reread(e) (this thread's own values).
-template <class Index, class Vec, class Reread>
+template <int kVecs, class Index, class Vec, class Reread>
 __device__ __forceinline__ void store_row_f16(float mx, float* scale, __half* dst, Index last_chunk, Index count,
-                                              const Vec (&held)[kRowVecs], Reread&& reread) {
+                                              const Vec (&held)[kVecs], Reread&& reread) {
   __shared__ float part[kMaxRowThreads / 32];
   constexpr int V = sizeof(Vec) / sizeof(float);
   const float inv = f16_row_inverse_scale(block_max(mx, part));
   if (threadIdx.x == 0) *scale = 1.0f / inv;
   for (Index e = threadIdx.x; e < last_chunk; e += blockDim.x) store_f16(dst + V * e, reread(e), inv);
 #pragma unroll
-  for (int u = 0; u < kRowVecs; ++u) {
+  for (int u = 0; u < kVecs; ++u) {
     const Index e = last_chunk + threadIdx.x + u * blockDim.x;
     if (e < count) store_f16(dst + V * e, held[u], inv);
   }
 }
 
 // binary_half of a pass under kOptimisticMinGemmRows: one block per GEMM row (`group` rows of d
-// floats), the map as binary_kernel computes it, stored, then the block's max and the FP16 copy.
+// floats), the map as binary_kernel computes it (into a's registers), stored, then the block's max and
+// the FP16 copy. Without store_out only the chunks before the last are stored (they are read back).
 template <BinaryKind kKind>
 __global__ void __launch_bounds__(kBinaryRowThreads, 2)
     binary_half_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales, float* out,
-                       Rows outr, uint32_t dv, uint32_t group, __half* half, float* scales) {
+                       Rows outr, uint32_t dv, uint32_t group, __half* half, float* scales, bool store_out) {
   const uint32_t per_row = group * dv;
   // Element e of the GEMM row: float4 `col / 4` of row `row` of x, y and out.
   auto at = [&](uint32_t e, uint32_t& row, uint32_t& col) {
     const uint32_t sub = e / dv;
     col = (e - sub * dv) * 4, row = blockIdx.x * group + sub;
   };
-  float4 a[kRowVecs], b[kRowVecs], o[kRowVecs];
+  float4 a[kBinaryRowVecs], b[kBinaryRowVecs];
   float mx = 0.0f;
+  const uint32_t chunk = blockDim.x * kBinaryRowVecs, last_start = (per_row - 1) / chunk * chunk;
   // Every load of a chunk first: out may be the identical view of x or y, which would otherwise order
   // each load after the previous element's store.
-  const uint32_t last_chunk = walk_row(
+  const uint32_t last_chunk = walk_row<kBinaryRowVecs>(
       per_row,
       [&](uint32_t e, int u) {
         uint32_t row, col;
@@ -243,13 +251,12 @@ __global__ void __launch_bounds__(kBinaryRowThreads, 2)
           *reinterpret_cast<float4*>(const_cast<float*>(x) + row_offset(xr, row) + col) = a[u];
           *reinterpret_cast<float4*>(const_cast<float*>(y) + row_offset(yr, row) + col) = b[u];
         }
-        o[u] = make_float4(binary_op<kKind>(a[u].x, b[u].x), binary_op<kKind>(a[u].y, b[u].y),
-                           binary_op<kKind>(a[u].z, b[u].z), binary_op<kKind>(a[u].w, b[u].w));
-        *reinterpret_cast<float4*>(out + row_offset(outr, row) + col) = o[u];
-        mx = fmaxf(mx, abs_max(o[u]));
+        a[u] = binary_op4<kKind>(a[u], b[u]);
+        if (store_out || e < last_start) *reinterpret_cast<float4*>(out + row_offset(outr, row) + col) = a[u];
+        mx = fmaxf(mx, abs_max(a[u]));
       });
   store_row_f16(mx, scales + blockIdx.x, half + static_cast<int64_t>(blockIdx.x) * per_row * 4, last_chunk, per_row,
-                o, [&](uint32_t e) {
+                a, [&](uint32_t e) {
                   uint32_t row, col;
                   at(e, row, col);
                   return *reinterpret_cast<const float4*>(out + row_offset(outr, row) + col);
@@ -272,11 +279,11 @@ void launch_binary_kind(bool vec4, int64_t rows, const float* x, const Rows& xr,
 }
 
 // binary_half's kernel for one kind: one block per GEMM row, or (optimistic) binary_kernel writing the
-// copy as if s = 1 over the flattened grid.
+// copy as if s = 1 over the flattened grid, and out always (the fix-up reads it back).
 template <BinaryKind kKind>
 void launch_binary_half_kind(bool optimistic, int64_t rows, const float* x, const Rows& xr, const float* y,
                              const Rows& yr, const float* in_scales, float* out, const Rows& outr, int64_t d,
-                             __half* half, float* scales, int group, cudaStream_t stream) {
+                             __half* half, float* scales, int group, bool store_out, cudaStream_t stream) {
   const uint32_t dv = static_cast<uint32_t>(d / 4), g = static_cast<uint32_t>(group);
   if (optimistic) {
     const uint32_t total = static_cast<uint32_t>(rows * dv);  // < kMaxElementwise (binary_writes_half)
@@ -285,7 +292,7 @@ void launch_binary_half_kind(bool optimistic, int64_t rows, const float* x, cons
   } else {
     binary_half_kernel<kKind>
         <<<static_cast<unsigned>(rows / group), row_threads(group * d / 4, kBinaryRowThreads), 0, stream>>>(
-        x, xr, y, yr, in_scales, out, outr, dv, g, half, scales);
+        x, xr, y, yr, in_scales, out, outr, dv, g, half, scales, store_out);
   }
 }
 
@@ -374,7 +381,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   const Vec* xr = reinterpret_cast<const Vec*>(x + row * ldx);
   Vec v[kRowVecs];
   float mx = 0.0f;
-  const int64_t last_chunk = walk_row(
+  const int64_t last_chunk = walk_row<kRowVecs>(
       k / V, [&](int64_t j, int u) { v[u] = xr[j]; }, [&](int64_t, int u) { mx = fmaxf(mx, abs_max(v[u])); });
   // Rows within [2^-10, 2^15] keep s = 1 (then the rescale kernel has nothing to do).
   store_row_f16(mx, scales + row, dst + row * k, last_chunk, k / V, v, [&](int64_t j) { return xr[j]; });
@@ -432,7 +439,7 @@ bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Ro
 
 cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,
                                const float* in_scales, float* out, const Rows& outr, int64_t d, uint16_t* half,
-                               float* scales, int group, cudaStream_t stream) {
+                               float* scales, int group, bool store_out, cudaStream_t stream) {
   const int64_t rows = xr.count();
   if (rows == 0 || d == 0) return cudaSuccess;
   if (!binary_writes_half(x, xr, y, yr, out, outr, d, group)) return cudaErrorInvalidValue;
@@ -445,15 +452,15 @@ cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, 
   switch (kind) {
     case BinaryKind::SigmoidMul:
       launch_binary_half_kind<BinaryKind::SigmoidMul>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d, h,
-                                                      scales, group, stream);
+                                                      scales, group, store_out, stream);
       break;
     case BinaryKind::Swiglu:
       launch_binary_half_kind<BinaryKind::Swiglu>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d, h,
-                                                  scales, group, stream);
+                                                  scales, group, store_out, stream);
       break;
     case BinaryKind::Add:
       launch_binary_half_kind<BinaryKind::Add>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d, h, scales,
-                                               group, stream);
+                                               group, store_out, stream);
       break;
   }
   const cudaError_t err = cudaGetLastError();

@@ -58,6 +58,10 @@ struct NormArgs {
   uint16_t* half = nullptr;
   float* half_scales = nullptr;
   int half_group = 1;
+  // With half: false when only the copy is read after (the backend's next_op_is_last_reader); passes
+  // under kOptimisticMinGemmRows GEMM rows then leave out unwritten where the copy is made from
+  // registers (the fix-up of longer passes reads out back, so they store it anyway).
+  bool store_out = true;
 };
 cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream);
 // Whether launch_norm can write a's half copy (float4 paths, half_group dividing the rows, at most 32).
@@ -110,12 +114,13 @@ cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const
 // contiguous, scales [rows / group]. Only where binary_writes_half holds (float4 access, group divides
 // the rows, the flattened index within 32 bits). A pass of kOptimisticMinGemmRows GEMM rows or more
 // takes three launches: the scales zeroed, the map writing the copy optimistically,
-// launch_f16_rows_fixup (f16_rows.cuh); a shorter one a block per GEMM row.
+// launch_f16_rows_fixup (f16_rows.cuh); a shorter one a block per GEMM row, which leaves out unwritten
+// unless store_out (the copy is then made from the values in registers, or from x and y again).
 bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Rows& yr, const float* out,
                         const Rows& outr, int64_t d, int group);
 cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,
                                const float* in_scales, float* out, const Rows& outr, int64_t d, uint16_t* half,
-                               float* scales, int group, cudaStream_t stream);
+                               float* scales, int group, bool store_out, cudaStream_t stream);
 // The end of an optimistic FP16 copy (f16_rows.cuh): scales[r] holds the max |value| of GEMM row r
 // (group consecutive rows of out, d % 4 == 0, float4-aligned) and becomes its scale; the rows whose
 // scale is not 1 are converted again from out into half [rows / group, group·d].

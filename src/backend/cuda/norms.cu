@@ -37,7 +37,9 @@
 // norm_vec4_block_kernel, a block per GEMM row (grid.x = rows / half_group) of half_group warps, or of
 // half_group / 2 warps each normalising two rows one after the other when half_group > 16 (the 4B's 32
 // heads a token: 512 threads, so two blocks share an SM), which takes the block max and each lane
-// converts the out elements it wrote (its last chunk from registers, the rest read back). H200, 2026-12-02,
+// converts the out elements it wrote (each row's last chunk from registers, the rest read back; Kev's
+// head rows are one chunk). When only the copy is read after (NormArgs::store_out false), these
+// kernels and the wide-row one leave out's last chunk unwritten. H200, 2026-12-02,
 // `KEV_CUDA_TRACE=ops`, rms_norm_gated +f16 per call, block → optimistic: 4B 2,187-token prefill 89.2
 // → 75.5 us (the plain norm: 52.6), 0.8B 41.6 → 43.3; 0.8B short passes 9.0 → 12.5 (the memset and
 // fix-up launches).
@@ -89,25 +91,27 @@ __device__ __forceinline__ float4 norm_out(float4 v, float f, float4 w, float4 z
   }
 }
 
-// One row of the warp-per-row float4 kernel, in chunks of kLaneChunk floats (lane l's float4s of a
-// chunk at base + 4·l + 128·u): out's row `row` written; r[] keeps the out values of the last chunk,
-// which starts at `last`; with kMax the lane's largest |out| returned (for the half copy; else 0).
-// A lane's squares are summed in increasing j, as one strided loop over the row would.
-template <NormKind kKind, bool kMax>
-__device__ __forceinline__ float norm_vec4_row(const NormArgs& a, int64_t row, int lane, float4 (&r)[kLaneVecs],
+// One row of the warp-per-row float4 kernel, in chunks of 128 · kVecs floats (lane l's float4s of a
+// chunk at base + 4·l + 128·u): out's row `row` written (its last chunk only if a.store_out); r[] keeps
+// the out values of the last chunk, which starts at `last`; with kMax the lane's largest |out| returned
+// (for the half copy; else 0).
+// A lane's squares are summed in increasing j, as one strided loop over the row would, whatever kVecs.
+template <NormKind kKind, bool kMax, int kVecs = kLaneVecs>
+__device__ __forceinline__ float norm_vec4_row(const NormArgs& a, int64_t row, int lane, float4 (&r)[kVecs],
                                                int64_t& last) {
   constexpr bool kAdd = kKind == NormKind::AddRms, kZ = kKind == NormKind::RmsGated, kW = kKind != NormKind::L2;
+  constexpr int kChunkFloats = 128 * kVecs;
   const int64_t x_off = row_offset(a.x_rows, row);
   const float* x = a.x + x_off;
   float* out = a.out + row_offset(a.out_rows, row);
   const float* z = kZ || kAdd ? a.z + row_offset(a.z_rows, row) : nullptr;
   float* sum = kAdd ? a.sum + x_off : nullptr;
   const float ys = kAdd ? row_scale(a.z_scales, row) : 1.0f;
-  float4 v[kLaneVecs], zv[kLaneVecs], wv[kLaneVecs];
+  float4 v[kVecs], zv[kVecs], wv[kVecs];
   // Chunk b into v (from src), zv (y or z, with_z) and wv (the gain); every load before any use.
   auto load = [&](const float* src, int64_t b, bool with_z) {
 #pragma unroll
-    for (int u = 0; u < kLaneVecs; ++u) {
+    for (int u = 0; u < kVecs; ++u) {
       const int64_t j = b + 4 * lane + 128 * u;
       if (j < a.d) {
         v[u] = ld4(src + j);
@@ -118,10 +122,10 @@ __device__ __forceinline__ float norm_vec4_row(const NormArgs& a, int64_t row, i
   };
   float ss = 0.0f;
   int64_t base = 0;
-  for (;; base += kLaneChunk) {
+  for (;; base += kChunkFloats) {
     load(x, base, true);
 #pragma unroll
-    for (int u = 0; u < kLaneVecs; ++u) {
+    for (int u = 0; u < kVecs; ++u) {
       const int64_t j = base + 4 * lane + 128 * u;
       if (j < a.d) {
         if constexpr (kAdd) {
@@ -133,30 +137,31 @@ __device__ __forceinline__ float norm_vec4_row(const NormArgs& a, int64_t row, i
         ss += sum_squares(v[u]);
       }
     }
-    if (base + kLaneChunk >= a.d) break;
+    if (base + kChunkFloats >= a.d) break;
   }
   ss = warp_sum(ss);
   const float f =
       kKind == NormKind::L2 ? l2_factor(ss, a.scale, a.eps) : 1.0f / sqrtf(ss / static_cast<float>(a.d) + a.eps);
   float mx = 0.0f;
-  auto emit = [&](int64_t b, float4(&o)[kLaneVecs]) {
+  auto emit = [&](int64_t b, float4(&o)[kVecs], bool store) {
 #pragma unroll
-    for (int u = 0; u < kLaneVecs; ++u) {
+    for (int u = 0; u < kVecs; ++u) {
       const int64_t j = b + 4 * lane + 128 * u;
       if (j < a.d) {
         o[u] = norm_out<kKind>(v[u], f, wv[u], zv[u]);
-        *reinterpret_cast<float4*>(out + j) = o[u];
+        if (store) *reinterpret_cast<float4*>(out + j) = o[u];
         if constexpr (kMax) mx = fmaxf(mx, abs_max(o[u]));
       }
     }
   };
   // The last chunk from registers, then the earlier chunks of a longer row again (add_rms_norm: the
-  // lane's own sums; in place, the chunks out holds so far are the last and those before the one re-read).
-  emit(base, r);
-  for (int64_t b = 0; b < base; b += kLaneChunk) {
+  // lane's own sums; in place, the chunks out holds so far are the last and those before the one re-read),
+  // always stored: the FP16 copy reads them back.
+  emit(base, r, a.store_out);
+  for (int64_t b = 0; b < base; b += kChunkFloats) {
     load(kAdd ? sum : x, b, false);
-    float4 o[kLaneVecs];
-    emit(b, o);
+    float4 o[kVecs];
+    emit(b, o, true);
   }
   last = base;
   return mx;
@@ -194,37 +199,40 @@ __global__ void __launch_bounds__(1024) norm_vec4_kernel(NormArgs a) {
 // Norm rows per warp of norm_vec4_block_kernel: two when a GEMM row has more than 16 (the 4B's 32 heads
 // a token), so its block has at most 512 threads and two blocks share an SM at ~64 registers; with a
 // warp per head the 1,024-thread blocks ran one per SM and a short pass's ~250 tokens in two waves.
-__host__ __device__ __forceinline__ int block_rows_per_warp(int64_t half_group) { return half_group > 16 ? 2 : 1; }
+__host__ __forceinline__ int block_rows_per_warp(int64_t half_group) { return half_group > 16 ? 2 : 1; }
 
 // The FP16 copy of passes under kOptimisticMinGemmRows GEMM rows: one block per GEMM row of half_group
 // norm rows, block_rows_per_warp rows a warp (a warp may have none: every warp still takes part in the
-// block max).
-template <NormKind kKind>
+// block max). Each row's last chunk stays in registers for the copy (so out need not hold it:
+// NormArgs::store_out); a longer row's earlier chunks are read back. kPer = block_rows_per_warp; kVecs
+// 1 for rows of up to 128 floats (Kev's head rows), whose chunk needs half the registers (the sums'
+// order is the same), so that two rows' chunks fit without spilling.
+template <NormKind kKind, int kVecs, int kPer>
 __global__ void __launch_bounds__(512, 2) norm_vec4_block_kernel(NormArgs a) {
-  const int lane = threadIdx.x % 32, per = block_rows_per_warp(a.half_group);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * a.half_group + static_cast<int64_t>(threadIdx.x / 32) * per;
-  const int64_t end = min(row + per, (static_cast<int64_t>(blockIdx.x) + 1) * a.half_group);
-  float4 r[kLaneVecs];
-  int64_t last = 0;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * a.half_group + static_cast<int64_t>(threadIdx.x / 32) * kPer;
+  const int64_t end = min(row + kPer, (static_cast<int64_t>(blockIdx.x) + 1) * a.half_group);
+  float4 r[kPer][kVecs];
+  int64_t last = 0;  // the same for every row (d)
   float mx = 0.0f;
-  for (int64_t i = row; i < end; ++i) mx = fmaxf(mx, norm_vec4_row<kKind, true>(a, i, lane, r, last));
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    if (row + q < end) mx = fmaxf(mx, norm_vec4_row<kKind, true, kVecs>(a, row + q, lane, r[q], last));
+  }
   __shared__ float part[32];
   const float inv = f16_row_inverse_scale(block_max(mx, part));
   if (threadIdx.x == 0) a.half_scales[blockIdx.x] = 1.0f / inv;
-  for (int64_t i = row; i < end; ++i) {
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) {
+    const int64_t i = row + q;
+    if (i >= end) break;
     const float* out = a.out + row_offset(a.out_rows, i);
     __half* h = reinterpret_cast<__half*>(a.half) + i * a.d;
-    // This lane's own writes read back: all of the warp's earlier row, the chunks before the last one
-    // of its last row, whose last chunk is still in r.
-    const bool last_row = i + 1 == end;
-    const int64_t read_back = last_row ? last : a.d;
-    for (int64_t j = 4 * lane; j < read_back; j += 128) store_f16(h + j, ld4(out + j), inv);
-    if (last_row) {
+    for (int64_t j = 4 * lane; j < last; j += 128) store_f16(h + j, ld4(out + j), inv);  // this lane's own writes
 #pragma unroll
-      for (int u = 0; u < kLaneVecs; ++u) {
-        const int64_t j = last + 4 * lane + 128 * u;
-        if (j < a.d) store_f16(h + j, r[u], inv);
-      }
+    for (int u = 0; u < kVecs; ++u) {
+      const int64_t j = last + 4 * lane + 128 * u;
+      if (j < a.d) store_f16(h + j, r[q][u], inv);
     }
   }
 }
@@ -370,7 +378,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_row_kernel(NormArgs a) {
     const int j = threadIdx.x + u * kRowThreads;
     if (j < nv) {
       v[u] = norm_out<NormKind::Rms>(v[u], f, wv[u], float4{});
-      *reinterpret_cast<float4*>(out + 4 * j) = v[u];
+      if (!kHalf || a.store_out) *reinterpret_cast<float4*>(out + 4 * j) = v[u];
       if constexpr (kHalf) mx = fmaxf(mx, abs_max(v[u]));
     }
   }
@@ -454,13 +462,22 @@ cudaError_t launch_vec4(const NormArgs& a, int64_t rows, cudaStream_t stream) {
   const int64_t gemm_rows = rows / a.half_group;
   if (gemm_rows < kOptimisticMinGemmRows) {
     const int64_t per = block_rows_per_warp(a.half_group);
-    norm_vec4_block_kernel<kKind>
-        <<<static_cast<unsigned>(gemm_rows), static_cast<unsigned>(32 * ((a.half_group + per - 1) / per)), 0, stream>>>(a);
+    const dim3 grid_rows(static_cast<unsigned>(gemm_rows)), block(static_cast<unsigned>(32 * ((a.half_group + per - 1) / per)));
+    const bool one_vec = a.d <= 128;
+    if (per == 1) {
+      (one_vec ? norm_vec4_block_kernel<kKind, 1, 1> : norm_vec4_block_kernel<kKind, kLaneVecs, 1>)
+          <<<grid_rows, block, 0, stream>>>(a);
+    } else {
+      (one_vec ? norm_vec4_block_kernel<kKind, 1, 2> : norm_vec4_block_kernel<kKind, kLaneVecs, 2>)
+          <<<grid_rows, block, 0, stream>>>(a);
+    }
     return cudaGetLastError();
   }
   cudaError_t err = cudaMemsetAsync(a.half_scales, 0, static_cast<size_t>(gemm_rows) * sizeof(float), stream);
   if (err != cudaSuccess) return err;
-  norm_vec4_kernel<kKind, HalfCopy::Optimistic><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(a);
+  NormArgs stored = a;
+  stored.store_out = true;  // the fix-up converts its rows again from out
+  norm_vec4_kernel<kKind, HalfCopy::Optimistic><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(stored);
   err = cudaGetLastError();
   return err != cudaSuccess ? err
                             : launch_f16_rows_fixup(a.out, a.out_rows, a.d, a.half_group, a.half, a.half_scales, stream);

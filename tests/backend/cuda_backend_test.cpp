@@ -588,9 +588,9 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaMatmulShare, ::testing::Values(DType::BF16, D
 // gains and magnitudes that put rows at 1e-6 ... 1e6 (outside FP16's range, so row-scaled); and matmuls whose x is NOT the producer's out (another tensor; the
 // first half of each out row), where the producer must stay as it was.
 // Then the same with the matmul named x's last reader (Backend::next_op_is_last_reader): the product
-// must keep its bits; where the producer writes the copy in a pass under kOptimisticMinGemmRows GEMM
-// rows it leaves (part of) its FP32 out unwritten — the hint must take effect — and everywhere else
-// (longer passes, whose fix-up reads out, and matmuls of another x) out must be written as before.
+// must keep its bits; where the producer writes the copy it leaves (part of) its FP32 out unwritten —
+// the hint must take effect — except the norms in passes of kOptimisticMinGemmRows GEMM rows or more
+// (their fix-up reads out back) and matmuls of another x, where out must be written as before.
 enum class Producer { AddRmsNorm, RmsNormGated, Swiglu, SigmoidMul };
 struct ProducerMatmulCase {
   const char* name;
@@ -698,7 +698,10 @@ TEST(CudaMatmul, ProducerWritingTheF16InputKeepsTheBits) {
     // The producer's out: x for the in-place ones, else a; unwritten values keep the input / sentinel.
     const size_t product = static_cast<size_t>(n * c.m), out_at = product + (in_place ? 0 : xv.size());
     const std::vector<float>& unwritten = in_place ? xv : sentinel;
-    const bool may_skip = c.x_is == 0 && n < 1024;  // f16_rows.cuh's kOptimisticMinGemmRows, as the cases above
+    // Longer passes (f16_rows.cuh's kOptimisticMinGemmRows, as the cases above) convert rows again in
+    // their fix-up: from out for the norms, from x and y for the binary maps.
+    const bool binary = c.producer == Producer::Swiglu || c.producer == Producer::SigmoidMul;
+    const bool may_skip = c.x_is == 0 && (n < 1024 || binary);
     for (int run = 0; run < 3; ++run) {
       SCOPED_TRACE("last reader, run " + std::to_string(run) + " (0 direct, 1 captured, 2 replayed)");
       const std::vector<float> got = pass(false, true);
@@ -729,9 +732,10 @@ TEST(CudaMatmul, ProducerWritingTheF16InputKeepsTheBits) {
 // are scaled. The fused pass runs three times (direct, captured, replayed). Cases: add_rms_norm on the
 // row kernel (d = 2560), the warp kernel (256) and the scalar one (d = 100); swiglu vectorised and
 // scalar; Kev's MLP chain gate_up → swiglu → down → add_rms_norm → next matmul, where swiglu and the
-// norm also write the next matmul's FP16 input (row and warp kernels); and ops that must leave the
-// rescale alone: y another tensor, y the first half of the out rows, a matmul with bias, swiglu's halves
-// swapped, swiglu's gate from another tensor.
+// norm also write the next matmul's FP16 input (row and warp kernels; a pass long enough for the
+// optimistic copy), run again with down and the next matmul named the last readers of their x, as the
+// forward does; and ops that must leave the rescale alone: y another tensor, y the first half of the
+// out rows, a matmul with bias, swiglu's halves swapped, swiglu's gate from another tensor.
 enum class Consumer { AddRmsNorm, Swiglu, MlpChain };
 enum class Reads { Out, Other, FirstHalf, Bias, Swapped };
 struct RescaleFoldCase {
@@ -772,6 +776,9 @@ TEST(CudaMatmul, ConsumerTakingOverTheRowRescaleKeepsTheBits) {
       {"swiglu, k slices", Consumer::Swiglu, 13, 2048, 512, Reads::Out, true},
       // Three split matmuls in one pass (gate_up, down, the next projection) share one planes region.
       {"mlp chain, k slices", Consumer::MlpChain, 26, 2048, 2048, Reads::Out, true},
+      // A pass of kOptimisticMinGemmRows rows or more: swiglu and add_rms_norm write the copy as if
+      // s = 1 and fix the scaled rows up after.
+      {"mlp chain, long pass", Consumer::MlpChain, 1030, 256, 256, Reads::Out},
   };
   for (const RescaleFoldCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -811,7 +818,9 @@ TEST(CudaMatmul, ConsumerTakingOverTheRowRescaleKeepsTheBits) {
     auto act = make_f32(*gpu, {n, d}), down = make_f32(*gpu, {n, k}), a = make_f32(*gpu, {n, width});
     auto next = make_f32(*gpu, {n, m3});
     const Tensor lo = mm.t.slice(1, 0, m / 2), hi = mm.t.slice(1, m / 2, m / 2);
-    auto pass = [&](bool apart) {
+    // last_reader: the chain's down and next matmuls are named the last readers of act and a (the
+    // forward's MLP), whose producers then need not store them.
+    auto pass = [&](bool apart, bool last_reader = false) {
       auto ok = [](const Status& st) { EXPECT_TRUE(st.ok()) << st.to_string(); };
       auto gap = [&] {
         if (apart) ok(gpu->synchronize());
@@ -836,10 +845,12 @@ TEST(CudaMatmul, ConsumerTakingOverTheRowRescaleKeepsTheBits) {
         case Consumer::MlpChain:
           ok(gpu->swiglu(lo, hi, act.t));
           gap();
+          if (last_reader) gpu->next_op_is_last_reader(act.t);
           ok(gpu->matmul(act.t, w2.t, Tensor{}, down.t));
           gap();
           ok(gpu->add_rms_norm(r.t, down.t, gain.t, 1e-6f, a.t));
           gap();
+          if (last_reader) gpu->next_op_is_last_reader(a.t);
           ok(gpu->matmul(a.t, w3.t, Tensor{}, next.t));
           break;
       }
@@ -867,6 +878,18 @@ TEST(CudaMatmul, ConsumerTakingOverTheRowRescaleKeepsTheBits) {
       size_t differ = 0;
       for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
       EXPECT_EQ(differ, 0u) << "run " << run << " (0 direct, 1 captured, 2 replayed)";
+    }
+    if (c.consumer != Consumer::MlpChain) continue;
+    // With the last readers named: every output but a and act (left unwritten) keeps its bits.
+    for (int run = 0; run < 3; ++run) {
+      const std::vector<float> got = pass(false, true);
+      ASSERT_EQ(got.size(), want.size());
+      const size_t a_at = static_cast<size_t>(n * m + n * width), past_act = a_at + static_cast<size_t>(n * (width + d));
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (i < a_at || i >= past_act) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+      }
+      EXPECT_EQ(differ, 0u) << "last readers named, run " << run << " (0 direct, 1 captured, 2 replayed)";
     }
   }
 }

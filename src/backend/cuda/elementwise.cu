@@ -25,8 +25,12 @@
 // the scale and converts the rare rows with s != 1 again from out; fewer rows take one block per GEMM
 // row, the row's max needing the whole row, of about one thread per two float4s of the row
 // (row_threads: 32..512; 4B swiglu's 2,304 float4s get 512 threads), a thread issuing all its loads of
-// x and y (up to 4 float4s each per chunk) before computing, and converting the outputs it holds in
-// registers (rows past 2,048 float4s: earlier chunks read back from L2). At its 64 registers a
+// x and y (up to 5 float4s each per chunk) before computing, and converting the outputs it holds in
+// registers (rows past 2,560 float4s: earlier chunks read back from L2). When the matmul reading the
+// copy is out's last reader (the backend's next_op_is_last_reader), out is not stored: the block per
+// row stores only the chunks it reads back, the optimistic grid none, its fix-up mapping x and y again
+// (H200, 2026-12-03, `KEV_CUDA_TRACE=ops`, 4B short evaluation: swiglu +f16 18.8 → 16.0 us a call,
+// with the 5-float4 chunk that holds the 4B's rows in registers). At its 64 registers a
 // 1,024-thread block took a whole SM's register file, so the 4B's 220-250 swiglu rows ran in two waves;
 // capped at 512 threads two blocks share an SM (H200, 2026-12-02, `KEV_CUDA_TRACE=ops`, 4B short
 // passes, same run: 20.5 / 19.8 → 19.3 / 18.9 us a call; the 0.8B's 448-thread rows unchanged;
@@ -113,11 +117,12 @@ __device__ __forceinline__ void load_rescaled(const float* xp, const float* yp, 
 
 // kHalf (V = 4): also out's FP16 copy, written optimistically (f16_rows.cuh): FP16(o) into half (the
 // [rows / group, group·d] copy is [rows, d] row-major, so vector i lands at 4·i) and the GEMM row's
-// max raised; every lane stays to the end for the warp's shuffles.
+// max raised; every lane stays to the end for the warp's shuffles. out itself only if store_out (the
+// fix-up then converts its rows again from x and y: FromInputs).
 template <BinaryKind kKind, int V, bool kHalf = false>
 __global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, const float* in_scales, float* out,
                               Rows outr, uint32_t dv, uint32_t total, __half* half = nullptr, float* scales = nullptr,
-                              uint32_t group = 1) {
+                              uint32_t group = 1, bool store_out = true) {
   static_assert(!kHalf || V == 4, "the FP16 copy takes the float4 path");
   const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (!kHalf && i >= total) return;
@@ -130,7 +135,7 @@ __global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, 
     load_rescaled<V>(x + row_offset(xr, row) + col, y + row_offset(yr, row) + col, row_scale(in_scales, row), a, b);
     if constexpr (V == 4) {
       const float4 o = binary_op4<kKind>(a, b);
-      *reinterpret_cast<float4*>(op) = o;
+      if (!kHalf || store_out) *reinterpret_cast<float4*>(op) = o;
       if constexpr (kHalf) {
         store_f16(half + 4 * static_cast<int64_t>(i), o, 1.0f);
         mx = abs_max(o);
@@ -143,11 +148,32 @@ __global__ void binary_kernel(const float* x, Rows xr, const float* y, Rows yr, 
   if constexpr (kHalf) raise_row_max_warp(scales, grow, mx);
 }
 
-// launch_f16_rows_fixup: one block per GEMM row (group rows of out of dv float4s; half that row's copy).
+// Where f16_rows_fixup_kernel reads a row's float4 at (row, col) again: out as stored, or, for a
+// binary map that left out unwritten, the map of x and y (which hold its rescaled inputs by then).
+struct FromOut {
+  const float* out;
+  Rows outr;
+  __device__ float4 operator()(uint32_t row, uint32_t col) const {
+    return *reinterpret_cast<const float4*>(out + row_offset(outr, row) + col);
+  }
+};
+template <BinaryKind kKind>
+struct FromInputs {
+  const float* x;
+  Rows xr;
+  const float* y;
+  Rows yr;
+  __device__ float4 operator()(uint32_t row, uint32_t col) const {
+    return binary_op4<kKind>(*reinterpret_cast<const float4*>(x + row_offset(xr, row) + col),
+                             *reinterpret_cast<const float4*>(y + row_offset(yr, row) + col));
+  }
+};
+
+// launch_f16_rows_fixup: one block per GEMM row (group rows of dv float4s; half that row's copy).
 // The slot holds the row's max until every thread has read it, then its scale; a row whose scale is
-// not 1 is converted again from out.
-__global__ void f16_rows_fixup_kernel(const float* out, Rows outr, uint32_t dv, uint32_t group, __half* half,
-                                      float* scales) {
+// not 1 is converted again from src.
+template <class Source>
+__global__ void f16_rows_fixup_kernel(Source src, uint32_t dv, uint32_t group, __half* half, float* scales) {
   const float inv = f16_row_inverse_scale(scales[blockIdx.x]);
   __syncthreads();
   if (threadIdx.x == 0) scales[blockIdx.x] = 1.0f / inv;
@@ -156,8 +182,17 @@ __global__ void f16_rows_fixup_kernel(const float* out, Rows outr, uint32_t dv, 
   __half* h = half + static_cast<int64_t>(blockIdx.x) * per_row * 4;
   for (uint32_t e = threadIdx.x; e < per_row; e += blockDim.x) {
     const uint32_t sub = e / dv, row = blockIdx.x * group + sub;
-    store_f16(h + 4 * e, *reinterpret_cast<const float4*>(out + row_offset(outr, row) + (e - sub * dv) * 4), inv);
+    store_f16(h + 4 * e, src(row, (e - sub * dv) * 4), inv);
   }
+}
+
+template <class Source>
+cudaError_t launch_fixup(Source src, int64_t grows, int64_t d, int group, __half* half, float* scales,
+                         cudaStream_t stream) {
+  if (grows == 0 || d == 0) return cudaSuccess;
+  f16_rows_fixup_kernel<<<static_cast<unsigned>(grows), kFixupThreads, 0, stream>>>(
+      src, static_cast<uint32_t>(d / 4), static_cast<uint32_t>(group), half, scales);
+  return cudaGetLastError();
 }
 
 // The per-row kernels that need a row's max before converting (binary_half under
@@ -278,22 +313,27 @@ void launch_binary_kind(bool vec4, int64_t rows, const float* x, const Rows& xr,
   }
 }
 
-// binary_half's kernel for one kind: one block per GEMM row, or (optimistic) binary_kernel writing the
-// copy as if s = 1 over the flattened grid, and out always (the fix-up reads it back).
+// binary_half's kernels for one kind: one block per GEMM row, or (optimistic) binary_kernel writing the
+// copy as if s = 1 over the flattened grid, then the fix-up (converting again from out, or without
+// out from x and y).
 template <BinaryKind kKind>
-void launch_binary_half_kind(bool optimistic, int64_t rows, const float* x, const Rows& xr, const float* y,
-                             const Rows& yr, const float* in_scales, float* out, const Rows& outr, int64_t d,
-                             __half* half, float* scales, int group, bool store_out, cudaStream_t stream) {
+cudaError_t launch_binary_half_kind(bool optimistic, int64_t rows, const float* x, const Rows& xr, const float* y,
+                                    const Rows& yr, const float* in_scales, float* out, const Rows& outr, int64_t d,
+                                    __half* half, float* scales, int group, bool store_out, cudaStream_t stream) {
   const uint32_t dv = static_cast<uint32_t>(d / 4), g = static_cast<uint32_t>(group);
-  if (optimistic) {
-    const uint32_t total = static_cast<uint32_t>(rows * dv);  // < kMaxElementwise (binary_writes_half)
-    binary_kernel<kKind, 4, true><<<(total + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-        x, xr, y, yr, in_scales, out, outr, dv, total, half, scales, g);
-  } else {
+  if (!optimistic) {
     binary_half_kernel<kKind>
         <<<static_cast<unsigned>(rows / group), row_threads(group * d / 4, kBinaryRowThreads), 0, stream>>>(
         x, xr, y, yr, in_scales, out, outr, dv, g, half, scales, store_out);
+    return cudaGetLastError();
   }
+  const uint32_t total = static_cast<uint32_t>(rows * dv);  // < kMaxElementwise (binary_writes_half)
+  binary_kernel<kKind, 4, true><<<(total + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      x, xr, y, yr, in_scales, out, outr, dv, total, half, scales, g, store_out);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  if (store_out) return launch_fixup(FromOut{out, outr}, rows / group, d, group, half, scales, stream);
+  return launch_fixup(FromInputs<kKind>{x, xr, y, yr}, rows / group, d, group, half, scales, stream);
 }
 
 __global__ void gdn_gates_kernel(GatesArgs a) {
@@ -451,29 +491,22 @@ cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, 
   __half* h = reinterpret_cast<__half*>(half);
   switch (kind) {
     case BinaryKind::SigmoidMul:
-      launch_binary_half_kind<BinaryKind::SigmoidMul>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d, h,
-                                                      scales, group, store_out, stream);
-      break;
+      return launch_binary_half_kind<BinaryKind::SigmoidMul>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d,
+                                                             h, scales, group, store_out, stream);
     case BinaryKind::Swiglu:
-      launch_binary_half_kind<BinaryKind::Swiglu>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d, h,
-                                                  scales, group, store_out, stream);
-      break;
+      return launch_binary_half_kind<BinaryKind::Swiglu>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d, h,
+                                                         scales, group, store_out, stream);
     case BinaryKind::Add:
-      launch_binary_half_kind<BinaryKind::Add>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d, h, scales,
-                                               group, store_out, stream);
-      break;
+      return launch_binary_half_kind<BinaryKind::Add>(optimistic, rows, x, xr, y, yr, in_scales, out, outr, d, h,
+                                                      scales, group, store_out, stream);
   }
-  const cudaError_t err = cudaGetLastError();
-  return err != cudaSuccess || !optimistic ? err : launch_f16_rows_fixup(out, outr, d, group, half, scales, stream);
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_f16_rows_fixup(const float* out, const Rows& outr, int64_t d, int group, uint16_t* half,
                                   float* scales, cudaStream_t stream) {
-  const int64_t grows = outr.count() / group;
-  if (grows == 0 || d == 0) return cudaSuccess;
-  f16_rows_fixup_kernel<<<static_cast<unsigned>(grows), kFixupThreads, 0, stream>>>(
-      out, outr, static_cast<uint32_t>(d / 4), static_cast<uint32_t>(group), reinterpret_cast<__half*>(half), scales);
-  return cudaGetLastError();
+  return launch_fixup(FromOut{out, outr}, outr.count() / group, d, group, reinterpret_cast<__half*>(half), scales,
+                      stream);
 }
 
 cudaError_t launch_gdn_gates(const GatesArgs& a, cudaStream_t stream) {

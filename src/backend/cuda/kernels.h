@@ -114,8 +114,9 @@ cudaError_t launch_binary(BinaryKind kind, const float* x, const Rows& xr, const
 // contiguous, scales [rows / group]. Only where binary_writes_half holds (float4 access, group divides
 // the rows, the flattened index within 32 bits). A pass of kOptimisticMinGemmRows GEMM rows or more
 // takes three launches: the scales zeroed, the map writing the copy optimistically,
-// launch_f16_rows_fixup (f16_rows.cuh); a shorter one a block per GEMM row, which leaves out unwritten
-// unless store_out (the copy is then made from the values in registers, or from x and y again).
+// launch_f16_rows_fixup (f16_rows.cuh); a shorter one a block per GEMM row. Without store_out, out is
+// left unwritten (all of it, or all but the chunks a long row's block reads back): the copy is made
+// from registers, and the fix-up maps x and y again.
 bool binary_writes_half(const float* x, const Rows& xr, const float* y, const Rows& yr, const float* out,
                         const Rows& outr, int64_t d, int group);
 cudaError_t launch_binary_half(BinaryKind kind, const float* x, const Rows& xr, const float* y, const Rows& yr,

@@ -589,8 +589,9 @@ INSTANTIATE_TEST_SUITE_P(Cuda, CudaMatmulShare, ::testing::Values(DType::BF16, D
 // first half of each out row), where the producer must stay as it was.
 // Then the same with the matmul named x's last reader (Backend::next_op_is_last_reader): the product
 // must keep its bits; where the producer writes the copy it leaves (part of) its FP32 out unwritten —
-// the hint must take effect — except the norms in passes of kOptimisticMinGemmRows GEMM rows or more
-// (their fix-up reads out back) and matmuls of another x, where out must be written as before.
+// the hint must take effect — except the warp-per-row norms in passes of kOptimisticMinGemmRows GEMM
+// rows or more (their fix-up reads out back; the long-pass cases here are all warp-per-row) and
+// matmuls of another x, where out must be written as before.
 enum class Producer { AddRmsNorm, RmsNormGated, Swiglu, SigmoidMul };
 struct ProducerMatmulCase {
   const char* name;
@@ -699,7 +700,7 @@ TEST(CudaMatmul, ProducerWritingTheF16InputKeepsTheBits) {
     const size_t product = static_cast<size_t>(n * c.m), out_at = product + (in_place ? 0 : xv.size());
     const std::vector<float>& unwritten = in_place ? xv : sentinel;
     // Longer passes (f16_rows.cuh's kOptimisticMinGemmRows, as the cases above) convert rows again in
-    // their fix-up: from out for the norms, from x and y for the binary maps.
+    // their fix-up: from out for the warp-per-row norms, from x and y for the binary maps.
     const bool binary = c.producer == Producer::Swiglu || c.producer == Producer::SigmoidMul;
     const bool may_skip = c.x_is == 0 && (n < 1024 || binary);
     for (int run = 0; run < 3; ++run) {

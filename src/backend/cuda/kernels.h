@@ -58,9 +58,10 @@ struct NormArgs {
   uint16_t* half = nullptr;
   float* half_scales = nullptr;
   int half_group = 1;
-  // With half: false when only the copy is read after (the backend's next_op_is_last_reader); passes
-  // under kOptimisticMinGemmRows GEMM rows then leave out unwritten where the copy is made from
-  // registers (the fix-up of longer passes reads out back, so they store it anyway).
+  // With half: false when only the copy is read after (the backend's next_op_is_last_reader). The
+  // kernels then leave out unwritten where they make the copy from registers: the wide-row kernel in
+  // every pass, the warp-per-row ones (the last chunk of each row) in passes under
+  // kOptimisticMinGemmRows GEMM rows; longer passes' warp-per-row kernels store it for their fix-up.
   bool store_out = true;
 };
 cudaError_t launch_norm(const NormArgs& a, cudaStream_t stream);

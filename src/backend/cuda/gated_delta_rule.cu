@@ -613,6 +613,7 @@ cudaError_t launch_recurrence(const GdnArgs& a, bool vec, const float* products,
 // 16-column slices, twice the blocks, each with half the work per chunk.
 template <int DK>
 cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
+  if (a.short_seqs) return launch_short(a, stream);
   if (rows_pass(a)) return max_chunks(a) > 0 ? launch_rows(a, products, stream) : cudaSuccess;
   constexpr size_t product_bytes = GdnProductLayout<DK>::kBytes;
   static const cudaError_t product_attr = cudaFuncSetAttribute(
@@ -647,7 +648,7 @@ bool gated_delta_rule_supported(int Hk, int Hv, int dk, int dv) {
 }
 
 size_t gated_delta_rule_workspace_bytes(const GdnArgs& a) {
-  if (a.n_seqs < 1 || a.n_tokens < 0 || a.Hv < 1) return 0;
+  if (a.n_seqs < 1 || a.n_tokens < 0 || a.Hv < 1 || a.short_seqs) return 0;
   if (gdn::rows_pass(a)) {  // Q̃, [Hv, n_tokens, dk]
     return static_cast<size_t>(a.n_tokens) * static_cast<size_t>(a.Hv) * static_cast<size_t>(a.dk) * sizeof(float);
   }
@@ -656,7 +657,7 @@ size_t gated_delta_rule_workspace_bytes(const GdnArgs& a) {
 
 cudaError_t launch_gated_delta_rule(const GdnArgs& a, void* workspace, cudaStream_t stream) {
   if (!gated_delta_rule_supported(a.Hk, a.Hv, a.dk, a.dv) || a.n_seqs < 1 || a.n_seqs > gdn::kMaxGridYZ ||
-      (a.state_out != nullptr && a.n_seqs != 1) || (gdn::max_chunks(a) > 0 && workspace == nullptr) ||
+      (a.state_out != nullptr && a.n_seqs != 1) || (!a.short_seqs && gdn::max_chunks(a) > 0 && workspace == nullptr) ||
       gdn::max_chunks(a) > INT_MAX) {
     return cudaErrorInvalidValue;
   }

@@ -290,6 +290,9 @@ inline bool vectorizable(const GdnArgs& a) {
 }
 
 
+// Short passes (GdnArgs::short_seqs; gated_delta_rule_short.cu): the token recurrence, no workspace.
+cudaError_t launch_short(const GdnArgs& a, cudaStream_t stream);
+
 // Question rows from a shared state (gated_delta_rule_rows.cu): whether a pass takes the rows kernels,
 // and their launch (qt: the workspace, Q̃ as [Hv, n_tokens, dk]).
 bool rows_pass(const GdnArgs& a);

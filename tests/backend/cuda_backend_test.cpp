@@ -91,9 +91,9 @@ struct GdnShape {
 constexpr GdnShape kTiny{2, 4, 32, 32, "tiny"};
 constexpr GdnShape k08b{16, 16, 128, 128, "0.8b"};
 constexpr GdnShape k4b{16, 32, 128, 128, "4b"};
-// Question rows take the rows kernels only when the recurrence's grid, ceil(dv / 32)·Hv·rows blocks,
-// exceeds two per SM (gated_delta_rule_rows.cu, rows_pass); these shapes have over 1,000 with 3 to 5 rows,
-// enough up to ~500 SMs. kRowsOddDv: dv % 4 != 0, the kernels' scalar paths; kRowsWideDv and
+// Question rows take the rows kernels only when the token recurrence's grid, ceil(dv / 64)·Hv·rows
+// blocks, exceeds two per SM (gated_delta_rule_short.cu, short_pass); these shapes have over 500 with
+// 3 to 5 rows, enough up to ~250 SMs. kRowsOddDv: dv % 4 != 0, the kernels' scalar paths; kRowsWideDv and
 // kRowsWideOddDv: dv over the rows kernel's 128-column slice (each slice's block forms its own Q̃; the
 // last slice partly filled, a warp's columns partly past dv).
 constexpr GdnShape kRowsTiny{2, 256, 32, 32, "rows_tiny"};
@@ -101,6 +101,11 @@ constexpr GdnShape kRowsDkDv{1, 192, 32, 48, "rows_dk!=dv"};
 constexpr GdnShape kRowsOddDv{2, 384, 64, 6, "rows_odd_dv"};
 constexpr GdnShape kRowsWideDv{2, 128, 64, 200, "rows_dv>128"};
 constexpr GdnShape kRowsWideOddDv{1, 128, 32, 130, "rows_odd_dv>128"};
+// Short passes with few blocks take the token recurrence (gated_delta_rule_short.cu, short_pass): its
+// scalar paths (dv % 4 != 0), a last 64-column slice partly past dv, state_out written column by column.
+constexpr GdnShape kShortOddDv{1, 3, 64, 6, "short_odd_dv"};
+constexpr GdnShape kShortWideDv{2, 4, 64, 200, "short_dv>128"};
+constexpr GdnShape kShortWideOddDv{1, 2, 32, 130, "short_odd_dv>128"};
 
 // v is passed as in the forward: a [n,Hv,dv] view with heads contiguous inside a wider token row
 // (the conv output holds q, k and v side by side), built from a padded [n, Hv·dv] operand.
@@ -265,8 +270,8 @@ const std::vector<OpCase>& cuda_extra_cases() {
     c.push_back(gdn_case(k08b, {1, 63, 64, 65, 130, 200}, true, false));
     c.push_back(gdn_case(kTiny, {1, 63, 64, 65, 130, 200}, false, false));
     c.push_back(gdn_case(k4b, {130}, true, true, true));
-    // Every sequence within one chunk, no state_out: the rows kernels (4B, 6 rows: 768 recurrence blocks)
-    // or, with fewer blocks, the recurrence variant without the chunk-ahead fetch (0.8B, 4 rows; as with
+    // Every sequence within one chunk, no state_out: the rows kernels (4B, 6 rows: 384 token-recurrence
+    // blocks on the H200's 132 SMs) or, with fewer blocks, the token recurrence (0.8B, 4 rows; as with
     // state_out, one sequence of at most 64 tokens: T = 1, 63, 64 above).
     c.push_back(gdn_case(k4b, {37, 37, 37, 37, 36, 36}, true, false));
     c.push_back(gdn_case(k08b, {20, 64, 1, 33}, true, false));
@@ -276,6 +281,10 @@ const std::vector<OpCase>& cuda_extra_cases() {
     c.push_back(gdn_case(kRowsOddDv, {17, 0, 64, 3}, true, false));
     c.push_back(gdn_case(kRowsWideDv, {7, 64, 30}, true, false));
     c.push_back(gdn_case(kRowsWideOddDv, {33, 1, 50}, true, false));
+    c.push_back(gdn_case(kShortOddDv, {17, 0, 64, 3}, true, false));
+    c.push_back(gdn_case(kShortWideDv, {7, 64, 30}, true, false));
+    c.push_back(gdn_case(kShortWideOddDv, {50}, true, true));
+    c.push_back(gdn_case(k08b, {37, 37, 36}, true, false, true));
     c.push_back(gdn_case(kTiny, {200}, true, true, true));
     // The conv kernels' other paths: one channel per thread (C % 4 != 0; an odd row stride), K other
     // than 4, sequences of every length around K and an empty one packed together; passes of 1,024

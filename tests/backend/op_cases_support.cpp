@@ -187,18 +187,21 @@ void add_gdn(std::vector<OpCase>& cases) {
   spiky.args[3].init = spiky_log_decay();
   cases.push_back(spiky);
 
-  // state_out as the identical view of state_in: the state pass updating a snapshot in place.
-  OpCase c = gdn_case("in_place_state,", small, {70}, true, false);
-  c.args[5].role = Role::InOut;
-  c.args.pop_back();
-  const SeqLayout layout = layout_of({70}, 0, true);
-  c.run = [=](Backend& b, const std::vector<Tensor>& t) {
-    return b.gated_delta_rule(t[0], t[1], t[2], t[3], t[4], t[5], layout, t[6], t[5]);
-  };
-  c.desc = [](const std::vector<Tensor>& t) {
-    return std::vector<Tensor>{t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[5]};
-  };
-  cases.push_back(c);
+  // state_out as the identical view of state_in: the state pass updating a snapshot in place (a state
+  // within one chunk, too: backends may take another kernel for it).
+  for (int64_t T : {70, 40}) {
+    OpCase c = gdn_case("in_place_state,", small, {T}, true, false);
+    c.args[5].role = Role::InOut;
+    c.args.pop_back();
+    const SeqLayout layout = layout_of({T}, 0, true);
+    c.run = [=](Backend& b, const std::vector<Tensor>& t) {
+      return b.gated_delta_rule(t[0], t[1], t[2], t[3], t[4], t[5], layout, t[6], t[5]);
+    };
+    c.desc = [](const std::vector<Tensor>& t) {
+      return std::vector<Tensor>{t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[5]};
+    };
+    cases.push_back(c);
+  }
 }
 
 // ---- attention and rope -------------------------------------------------------------------------

@@ -170,6 +170,18 @@ TEST(DISABLED_Perf, GatedDeltaRuleCuda08bRows6x37) {
   time_cuda_gdn("cuda gated_delta_rule 0.8b, 6 rows x 37 tokens from one state", {37, 37, 37, 37, 36, 36}, false, 16);
 }
 
+TEST(DISABLED_Perf, GatedDeltaRuleCuda4bRows4x37) {
+  time_cuda_gdn("cuda gated_delta_rule 4b, 4 rows x 37 tokens from one state", {37, 37, 37, 36}, false);
+}
+
+TEST(DISABLED_Perf, GatedDeltaRuleCuda08bRows2x37) {
+  time_cuda_gdn("cuda gated_delta_rule 0.8b, 2 rows x 37 tokens from one state", {37, 36}, false, 16);
+}
+
+TEST(DISABLED_Perf, GatedDeltaRuleCuda4bT37) {
+  time_cuda_gdn("cuda gated_delta_rule 4b, 1 x 37 tokens from a state, with state_out", {37}, true);
+}
+
 // Question rows over a state prefix: `rows` sequences of `len` tokens, 0.8B heads 8/2/256.
 void time_attention(int64_t Ls, int64_t rows, int64_t len) {
   const int64_t H = 8, Hkv = 2, hd = 256, n = rows * len;

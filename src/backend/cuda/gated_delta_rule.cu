@@ -41,7 +41,7 @@
 // sequence) gets the final state and may be the identical view of state_in (every block reads its
 // slice before writing it, and slices are disjoint).
 //
-// Launch (every pass but the question rows that take the rows kernels below). Two kernels. (1)
+// Launch (every pass with a sequence longer than one chunk). Two kernels. (1)
 // gdn_chunk_products_kernel: the state-independent C×C products P_ij = (q_i·k_j) D_ij (j <= i) and
 // M_ij = β_i (k_i·k_j) D_ij (j < i) of every chunk, off the sequential path: grid (max_chunks, Hk, 2)
 // (z: Q Kᵀ or K Kᵀ), 256 threads; the raw product of a chunk and key head is formed once (warp w:
@@ -73,25 +73,17 @@
 // column, so it needs only warp-level syncs; Y_b and Δ_b overwrite R in place; the other warps wait at
 // the barrier) | O = γQS₀ + PΔ on the same tiles, written to out; state update. Shared memory (rows
 // padded so that fragment reads hit 32 banks: Q, K, P, M by 4 floats, S₀ and V/R/Δ by 8): 98.25 KiB at
-// dk = 128 (72.25 at 64, 59.25 at 32), within the 99 KiB per-block limit of sm_86/sm_89. Two variants.
-// A pass with a long sequence fetches the next chunk's q/k/v rows into registers during the current
-// chunk, compiled for one block per SM (up to 255 registers). When every sequence fits one chunk
-// (GdnArgs::short_seqs: one sequence with state_out, or question rows too few for the rows kernels, the
-// 0.8B's 6 rows: 384 blocks) there is nothing to fetch ahead: the block's state slice and its one chunk
-// of q, k and v are copied by cp.async at its start, all in flight at once and holding no registers,
-// and the kernel is compiled for two blocks per SM (128 registers, 60 bytes spilled at dk = 128). On
-// sm_90 such a short pass's recurrence is the products kernel's programmatic dependent launch: its
-// blocks start as SMs free up and stage their loads while the products kernel finishes, waiting for
-// it (griddepcontrol.wait) only before reading P and M. (A long pass is launched plainly: the
-// dependent launch timed slower there, 4B 2,187 tokens 359 against 350 µs.) Both grids depend only on
-// dv, Hk, Hv, n_tokens and n_seqs, never on the offsets' values (CUDA graph replay); the variant is
-// part of the recorded command's signature. A short chunk (cn < 64: a Kev row of ~40 tokens is one)
-// skips the 16-row tiles of M, P, [Q;K]·S₀ and PΔ, the k-steps and the substitution blocks that lie
-// wholly in the zero padding, whose results are exactly zero: the rows past cn of a partly used block
-// of P and M are loaded as zeros, so Y and Δ stay zero there.
+// dk = 128 (72.25 at 64, 59.25 at 32), within the 99 KiB per-block limit of sm_86/sm_89. The next
+// chunk's q/k/v rows are fetched into registers during the current chunk; one block per SM (up to 255
+// registers). Both grids depend only on dv, Hk, Hv, n_tokens and n_seqs, never on the offsets' values
+// (CUDA graph replay). A short last chunk skips the 16-row tiles of M, P, [Q;K]·S₀ and PΔ, the k-steps
+// and the substitution blocks that lie wholly in the zero padding, whose results are exactly zero: the
+// rows past cn of a partly used block of P and M are loaded as zeros, so Y and Δ stay zero there.
 //
-// Question rows from a shared state (Kev's cached evaluation) take other kernels when they have many
-// blocks: gated_delta_rule_rows.cu.
+// Passes whose sequences all fit one chunk (GdnArgs::short_seqs: Kev's question rows, a state of up to
+// 64 tokens) take other kernels: the token recurrence with the state in registers
+// (gated_delta_rule_short.cu) when its grid fits two blocks per SM, else the rows kernels
+// (gated_delta_rule_rows.cu; question rows from one shared state, never with state_out).
 //
 // Dtypes: FP32 in, out and state; products 3xTF32 with FP32 accumulation; double only for Γ and T_b.
 // Preconditions (gated_delta_rule_supported): dk ∈ {32, 64, 128}, dv >= 1, Hk >= 1 divides Hv,
@@ -174,7 +166,6 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_products_kernel(GdnArgs a,
   float* bet = base + Lay::kBeta;
   // K Kᵀ blocks (z = 1) load no Q: its space holds the diagonal blocks M_bb (16×16 each) while they are inverted.
   float* Mdiag = Qs;
-  release_dependents();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int c = blockIdx.x, kh = blockIdx.y;
   const bool isP = blockIdx.z == 0;
@@ -270,13 +261,10 @@ __device__ __forceinline__ MpSlot mp_slot(int tid, int u) {
   return {idx / 640, 16 * bi + (rem % 64) / 4, 16 * bj + 4 * (rem % 4)};
 }
 
-// kAhead: a long sequence: the next chunk's q/k/v are fetched into registers during this one, and
-// the kernel is compiled for one block per SM (up to 255 registers). Without it (every sequence one
-// chunk, GdnArgs::short_seqs) the chunk's q/k/v are copied by cp.async together with the state, and
-// two blocks share an SM.
-template <int DK, bool kAhead, int SL>
-__global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(GdnArgs a, bool vec,
-                                                                               const float* products) {
+// The next chunk's q/k/v are fetched into registers during this one; one block per SM (up to 255
+// registers).
+template <int DK, int SL>
+__global__ void __launch_bounds__(kThreads, 1) gdn_chunked_kernel(GdnArgs a, bool vec, const float* products) {
   using Lay = GdnLayout<DK, SL>;
   constexpr int LQK = Lay::kLdQK, LCC = Lay::kLdCC, LS = Lay::kLdS, LV = Lay::kLdV, TPW = Lay::kTilesPerWarp;
   constexpr int NT = SL / 16;  // n8 tiles per warp in the [Q;K]·S₀, R and output phases
@@ -304,31 +292,19 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   // The state slice lives in the FP32 shared copy Ss (the operand of [Q;K]·S₀; the state update
   // rewrites it in place, each thread the elements of its m16n8 accumulator tiles: warp w owns tiles
   // w·TPW.. of the 16-row band sm0, columns 8·(sn0 + u); element e of tile u is row sm0 + g + 8·(e / 2),
-  // column 8·(sn0 + u) + 2t + e % 2). It arrives by cp.async; in a short pass so do the sequence's one
-  // chunk of q, k and the v slice (zero past the sequence end), so that all of the block's loads are in
-  // flight at once and hold no registers.
+  // column 8·(sn0 + u) + 2t + e % 2). It arrives by cp.async.
   const int sm0 = 16 * (warp * TPW / (SL / 8)), sn0 = warp * TPW % (SL / 8);
   const int64_t state_base = static_cast<int64_t>(h) * DK * dv;
   stage_tile<DK, SL>(Ss, LS, a.state_in != nullptr ? a.state_in + state_base + c0 : a.v, dv,
                          a.state_in != nullptr ? DK : 0, dv - c0, vec, tid);
-  if constexpr (!kAhead) {
-    if (begin < end) {
-      const int cn = min(kChunk, end - begin);
-      const int64_t qk0 = static_cast<int64_t>(begin) * a.qk_token_stride + static_cast<int64_t>(kh) * DK;
-      stage_tile<kChunk, DK>(Qs, LQK, a.q + qk0, a.qk_token_stride, cn, DK, vec, tid);
-      stage_tile<kChunk, DK>(Ks, LQK, a.k + qk0, a.qk_token_stride, cn, DK, vec, tid);
-      stage_tile<kChunk, SL>(Rs, LV, a.v + static_cast<int64_t>(begin) * a.v_token_stride + static_cast<int64_t>(h) * dv + c0,
-                                 a.v_token_stride, cn, dv - c0, vec, tid);
-    }
-  }
   cp_async_commit();
   bool state_zero = a.state_in == nullptr;  // S₀ == 0 exactly: skip the S₀ products
 
-  // Long sequences, vector path: a chunk's q/k/v rows are fetched into registers one chunk ahead
+  // Vector path: a chunk's q/k/v rows are fetched into registers one chunk ahead
   // (issued before the substitution, stored at the next chunk's start), so their latency overlaps the
   // substitution and the output / state phases. Rows past the sequence end are zero. (The scalar path
   // loads in place.)
-  constexpr int kQK4 = kAhead ? kChunk * DK / 4 / kThreads : 1, kV4 = kAhead ? kChunk * SL / 4 / kThreads : 1;
+  constexpr int kQK4 = kChunk * DK / 4 / kThreads, kV4 = kChunk * SL / 4 / kThreads;
   float4 qr[kQK4], kr[kQK4], vr[kV4];
   auto fetch = [&](int tf) {
     const int cf = min(kChunk, end - tf);
@@ -355,9 +331,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   // Warp 0 fetches g and β the same way, a chunk ahead (both paths).
   float gate[4];
   if (begin < end) {
-    if constexpr (kAhead) {
-      if (vec) fetch(begin);
-    }
+    if (vec) fetch(begin);
     if (warp == 0) fetch_gates(a, h, begin, end, lane, gate);
   }
 
@@ -370,52 +344,48 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
     __syncthreads();  // the previous chunk's readers of K, Δ and P are done
 
     // ---- load the chunk (zero padded to kChunk rows) ----
-    if constexpr (kAhead) {
-      if (vec) {
+    if (vec) {
 #pragma unroll
-        for (int u = 0; u < kQK4; ++u) {
-          const int idx = tid + u * kThreads, i = idx / (DK / 4), d = 4 * (idx % (DK / 4));
-          *reinterpret_cast<float4*>(Qs + i * LQK + d) = qr[u];
-          *reinterpret_cast<float4*>(Ks + i * LQK + d) = kr[u];
-        }
+      for (int u = 0; u < kQK4; ++u) {
+        const int idx = tid + u * kThreads, i = idx / (DK / 4), d = 4 * (idx % (DK / 4));
+        *reinterpret_cast<float4*>(Qs + i * LQK + d) = qr[u];
+        *reinterpret_cast<float4*>(Ks + i * LQK + d) = kr[u];
+      }
 #pragma unroll
-        for (int u = 0; u < kV4; ++u) {
-          const int idx = tid + u * kThreads, i = idx / (SL / 4), c = 4 * (idx % (SL / 4));
-          *reinterpret_cast<float4*>(Rs + i * LV + c) = vr[u];
+      for (int u = 0; u < kV4; ++u) {
+        const int idx = tid + u * kThreads, i = idx / (SL / 4), c = 4 * (idx % (SL / 4));
+        *reinterpret_cast<float4*>(Rs + i * LV + c) = vr[u];
+      }
+    } else {
+      for (int idx = tid; idx < kChunk * DK; idx += kThreads) {
+        const int i = idx / DK, d = idx % DK;
+        float qv = 0.0f, kv = 0.0f;
+        if (i < cn) {
+          const int64_t off = static_cast<int64_t>(t0 + i) * a.qk_token_stride + static_cast<int64_t>(kh) * DK + d;
+          qv = a.q[off];
+          kv = a.k[off];
         }
-      } else {
-        for (int idx = tid; idx < kChunk * DK; idx += kThreads) {
-          const int i = idx / DK, d = idx % DK;
-          float qv = 0.0f, kv = 0.0f;
-          if (i < cn) {
-            const int64_t off = static_cast<int64_t>(t0 + i) * a.qk_token_stride + static_cast<int64_t>(kh) * DK + d;
-            qv = a.q[off];
-            kv = a.k[off];
-          }
-          Qs[i * LQK + d] = qv;
-          Ks[i * LQK + d] = kv;
+        Qs[i * LQK + d] = qv;
+        Ks[i * LQK + d] = kv;
+      }
+      for (int idx = tid; idx < kChunk * SL; idx += kThreads) {
+        const int i = idx / SL, c = idx % SL;
+        float vv = 0.0f;
+        if (i < cn && c0 + c < dv) {
+          vv = a.v[static_cast<int64_t>(t0 + i) * a.v_token_stride + static_cast<int64_t>(h) * dv + c0 + c];
         }
-        for (int idx = tid; idx < kChunk * SL; idx += kThreads) {
-          const int i = idx / SL, c = idx % SL;
-          float vv = 0.0f;
-          if (i < cn && c0 + c < dv) {
-            vv = a.v[static_cast<int64_t>(t0 + i) * a.v_token_stride + static_cast<int64_t>(h) * dv + c0 + c];
-          }
-          Rs[i * LV + c] = vv;
-        }
+        Rs[i * LV + c] = vv;
       }
     }
-    cp_async_wait_all();  // the state (first chunk); in a short pass also the chunk's q/k/v
+    cp_async_wait_all();  // the state (first chunk)
     if (warp == 0) scan_gates(gate, lane, Gam, gam, bet);
     __syncthreads();
 
     // ---- this chunk's P and M (gdn_chunk_products_kernel) into registers; [Q;K]·S₀ ----
     // Read as the products kernel writes them (mp_slot: rows past cn zero, blocks above the diagonal
-    // never read); the loads overlap [Q;K]·S₀, and they are stored over Q once it is dead. A short pass
-    // runs as the products kernel's dependent launch (sm_90) and waits for it here.
+    // never read); the loads overlap [Q;K]·S₀, and they are stored over Q once it is dead.
     const float* src =
         products + (static_cast<int64_t>(chunk0 + (t0 - begin) / kChunk) * a.Hv + h) * 2 * kChunk * kChunk;
-    if constexpr (!kAhead) wait_for_products();
     float4 mp[kMP4];
 #pragma unroll
     for (int u = 0; u < kMP4; ++u) {
@@ -449,9 +419,7 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
     __syncthreads();
 
     if (t0 + kChunk < end) {
-      if constexpr (kAhead) {
-        if (vec) fetch(t0 + kChunk);
-      }
+      if (vec) fetch(t0 + kChunk);
       if (warp == 0) fetch_gates(a, h, t0 + kChunk, end, lane, gate);
     }
 
@@ -583,38 +551,26 @@ __global__ void __launch_bounds__(kThreads, kAhead ? 1 : 2) gdn_chunked_kernel(G
   }
 }
 
-template <int DK, bool kAhead, int SL>
-cudaError_t launch_recurrence(const GdnArgs& a, bool vec, const float* products, bool dependent,
-                              cudaStream_t stream) {
+template <int DK, int SL>
+cudaError_t launch_recurrence(const GdnArgs& a, bool vec, const float* products, cudaStream_t stream) {
   constexpr size_t bytes = GdnLayout<DK, SL>::kBytes;
   static const cudaError_t attr = cudaFuncSetAttribute(
-      gdn_chunked_kernel<DK, kAhead, SL>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+      gdn_chunked_kernel<DK, SL>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (attr != cudaSuccess) return attr;
-  cudaLaunchAttribute attrs[1] = {};
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((a.dv + SL - 1) / SL, a.Hv, a.n_seqs);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = bytes;
-  cfg.stream = stream;
-  cfg.attrs = attrs;
-  cfg.numAttrs = dependent ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, gdn_chunked_kernel<DK, kAhead, SL>, a, vec, products);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  gdn_chunked_kernel<DK, SL><<<dim3((a.dv + SL - 1) / SL, a.Hv, a.n_seqs), kThreads, bytes, stream>>>(a, vec, products);
+  return cudaGetLastError();
 }
 
 // Opts the kernels into their dynamic shared memory once per process (before any graph capture that
-// launches them, since the first launch happens eagerly); the result is remembered. Question rows with
-// many blocks (rows_pass) take launch_rows. Another short pass's recurrence is launched as the
-// products kernel's programmatic dependent where the GPU allows it (sm_90, griddepcontrol): it stages
-// its state and q/k/v while the products kernel still runs (see wait_for_products). A long pass whose
-// 32-column slices would leave over half the SMs idle (the 0.8B prefill: 4 × 16 blocks) walks
-// 16-column slices, twice the blocks, each with half the work per chunk.
+// launches them, since the first launch happens eagerly); the result is remembered. Passes whose
+// sequences all fit one chunk (GdnArgs::short_seqs) take the token recurrence (short_pass) or, when
+// they have too many rows for it, the rows kernels. A long pass whose 32-column slices would leave over
+// half the SMs idle (the 0.8B prefill: 4 × 16 blocks) walks 16-column slices, twice the blocks, each
+// with half the work per chunk.
 template <int DK>
 cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
-  if (a.short_seqs) return launch_short(a, stream);
-  if (rows_pass(a)) return max_chunks(a) > 0 ? launch_rows(a, products, stream) : cudaSuccess;
+  if (short_pass(a)) return launch_short(a, stream);
+  if (a.short_seqs) return max_chunks(a) > 0 ? launch_rows(a, products, stream) : cudaSuccess;
   constexpr size_t product_bytes = GdnProductLayout<DK>::kBytes;
   static const cudaError_t product_attr = cudaFuncSetAttribute(
       gdn_chunk_products_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(product_bytes));
@@ -627,16 +583,11 @@ cudaError_t launch_dk(const GdnArgs& a, float* products, cudaStream_t stream) {
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  const DeviceTraits& dev = device_traits();
-  const bool dependent = chunks > 0 && a.short_seqs && dev.major >= 9;
   const int64_t wide_blocks = static_cast<int64_t>((a.dv + kSlice - 1) / kSlice) * a.Hv * a.n_seqs;
   if constexpr (DK >= 64) {
-    if (!a.short_seqs && 2 * wide_blocks <= dev.sms) {
-      return launch_recurrence<DK, true, kNarrow>(a, vec, products, dependent, stream);
-    }
+    if (2 * wide_blocks <= device_traits().sms) return launch_recurrence<DK, kNarrow>(a, vec, products, stream);
   }
-  return a.short_seqs ? launch_recurrence<DK, false, kSlice>(a, vec, products, dependent, stream)
-                      : launch_recurrence<DK, true, kSlice>(a, vec, products, dependent, stream);
+  return launch_recurrence<DK, kSlice>(a, vec, products, stream);
 }
 
 }  // namespace
@@ -648,8 +599,8 @@ bool gated_delta_rule_supported(int Hk, int Hv, int dk, int dv) {
 }
 
 size_t gated_delta_rule_workspace_bytes(const GdnArgs& a) {
-  if (a.n_seqs < 1 || a.n_tokens < 0 || a.Hv < 1 || a.short_seqs) return 0;
-  if (gdn::rows_pass(a)) {  // Q̃, [Hv, n_tokens, dk]
+  if (a.n_seqs < 1 || a.n_tokens < 0 || a.Hv < 1 || gdn::short_pass(a)) return 0;
+  if (a.short_seqs) {  // the rows kernels' Q̃, [Hv, n_tokens, dk]
     return static_cast<size_t>(a.n_tokens) * static_cast<size_t>(a.Hv) * static_cast<size_t>(a.dk) * sizeof(float);
   }
   return static_cast<size_t>(gdn::max_chunks(a)) * static_cast<size_t>(a.Hv) * 2 * gdn::kChunk * gdn::kChunk * sizeof(float);
@@ -657,7 +608,7 @@ size_t gated_delta_rule_workspace_bytes(const GdnArgs& a) {
 
 cudaError_t launch_gated_delta_rule(const GdnArgs& a, void* workspace, cudaStream_t stream) {
   if (!gated_delta_rule_supported(a.Hk, a.Hv, a.dk, a.dv) || a.n_seqs < 1 || a.n_seqs > gdn::kMaxGridYZ ||
-      (a.state_out != nullptr && a.n_seqs != 1) || (!a.short_seqs && gdn::max_chunks(a) > 0 && workspace == nullptr) ||
+      (a.state_out != nullptr && a.n_seqs != 1) || (!gdn::short_pass(a) && gdn::max_chunks(a) > 0 && workspace == nullptr) ||
       gdn::max_chunks(a) > INT_MAX) {
     return cudaErrorInvalidValue;
   }

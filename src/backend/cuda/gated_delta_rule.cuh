@@ -29,8 +29,8 @@ struct GdnArgs {
   float* state_out = nullptr;       // [Hv, dk, dv] or null; only when n_seqs == 1
   const int32_t* offsets = nullptr;  // device [n_seqs + 1]
   int n_seqs = 0, n_tokens = 0, Hk = 0, Hv = 0, dk = 0, dv = 0;
-  // Every sequence has at most kGdnChunkTokens tokens (one chunk; Kev's question rows): selects the rows
-  // kernels (without state_out) or the recurrence variant without the chunk-ahead prefetch (with it).
+  // Every sequence has at most kGdnChunkTokens tokens (one chunk; Kev's question rows): selects the
+  // token recurrence or the rows kernels instead of the chunked form.
   // Only speed depends on it, not the result, but a recorded pass must keep it in its signature (it
   // picks the kernels and the workspace size).
   bool short_seqs = false;

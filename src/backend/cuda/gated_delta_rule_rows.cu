@@ -2,8 +2,8 @@
 // layout, the gate and q-scaling conventions, and the chunked form these rewrite).
 //
 // Question rows (GdnArgs::short_seqs without state_out: every sequence one chunk, all from the same
-// read-only S₀; Kev's cached evaluation) whose recurrence grid would need more than one wave of two
-// blocks per SM (rows_pass; the 4B's 6 rows: 768 blocks on 132 SMs, the 0.8B's 384): two other
+// read-only S₀; Kev's cached evaluation) too many for the token recurrence (gated_delta_rule_short.cu's
+// short_pass: its grid over two blocks per SM; the 4B's 6 rows, 384 blocks on 132 SMs): two other
 // kernels. With one chunk per sequence nothing is carried to a next chunk, so the state enters only
 // through one product. With X = P L⁻¹ (lower triangular):
 //   O = diag(γ) Q S₀ + P L⁻¹ diag(β)(V − diag(γ) K S₀) = Q̃ S₀ + Ṽ,
@@ -433,19 +433,6 @@ cudaError_t launch_rows_dk(const GdnArgs& a, float* qt, cudaStream_t stream) {
 }
 
 }  // namespace
-
-// recurrence's 32-column grid would need more than one wave of two blocks per SM (the 4B's 6 rows: 768
-// blocks on the H200's 132 SMs, the 0.8B's 384; the rows kernel runs 192 and 96 blocks in one wave).
-// Up to one wave the products kernel and the recurrence are left. In the model pass the rows kernels
-// won at the 0.8B's 6 rows too (`KEV_CUDA_TRACE=ops`, 2026-12-02: 40.0 → 36.7 µs a call), although the
-// op timing test, with the state and inputs in L2, has them slower there (27.2 against 30.4 µs);
-// until then the rule was two waves (docs/backends.md). Depends on shapes, n_seqs and the SM count
-// only (CUDA graph replay).
-bool rows_pass(const GdnArgs& a) {
-  if (!a.short_seqs || a.state_out != nullptr) return false;
-  const int64_t recurrence_blocks = static_cast<int64_t>((a.dv + kSlice - 1) / kSlice) * a.Hv * a.n_seqs;
-  return recurrence_blocks > 2 * static_cast<int64_t>(device_traits().sms);
-}
 
 cudaError_t launch_rows(const GdnArgs& a, float* qt, cudaStream_t stream) {
   switch (a.dk) {

@@ -3,10 +3,13 @@
 // state in registers. The math, layout and gate / q-scaling conventions are gated_delta_rule.cu's:
 // per token, with α_t = e^{g_t},
 //   S̄ = α_t S;  S = S̄ + k_t (β_t (v_t − S̄ᵀk_t))ᵀ;  o_t = Sᵀq_t.
-// Why not the chunked form here: a question row's chunk is one long chain of small dependent steps
-// (products, T_b, the substitution's bands, Q̃, then Q̃ S₀; gated_delta_rule_rows.cu), ~30 µs on the
-// H200 however few rows there are, while a row's 37 tokens cost the recurrence 37 short steps of
-// independent FMAs over a state that never leaves the registers.
+// Why here and not the chunked form: a one-chunk sequence gains nothing from the chunk's parallel
+// products, which become one long chain of small dependent steps (products, T_b, the substitution's
+// bands, Q̃, then Q̃ S₀; gated_delta_rule_rows.cu, ~30 µs on the H200 however few rows there are),
+// while the recurrence walks a row's ~40 tokens in short steps of independent FMAs over a state that
+// never leaves the registers. It costs three FMAs per state element and token on the CUDA cores, where
+// the chunked form's bulk ([Q;K]·S₀, two per element and token) runs on tensor cores, so it loses once
+// its grid exceeds about two blocks per SM (short_pass, below).
 //
 // Scaled state. The block keeps S = σ S̃ with a scalar σ (the product of the α_t since the last fold),
 // so that a token costs three FMAs per state element (its two reductions and the rank-1 update) and no
@@ -25,8 +28,8 @@
 // starts when the first eight have arrived; q is stored one row down (row 0 zero, so the first step's
 // late o-sum is an empty one). The loop has no barrier: shared memory is read-only once staged. v is
 // read from global memory one token ahead; out is written by lanes p = 0, 1 (one column each).
-// Shared memory: (129 · dk + 128) floats, 64.5 KiB at dk = 128: three blocks per SM (the 4B's six
-// rows: 384 blocks, one wave on the H200's 132 SMs). The grid depends on n_seqs, Hv and dv only.
+// Shared memory: (129 · dk + 128) floats, 64.5 KiB at dk = 128; three blocks per SM (148 registers at
+// dk = 128, no spill). The grid depends on n_seqs, Hv and dv only.
 //
 // state_out (only with one sequence; may be state_in itself: each lane reads its state elements before
 // the walk and writes the same ones after it) gets σ S̃. An empty sequence writes nothing to out and
@@ -45,7 +48,9 @@ namespace kev::cuda::gdn {
 namespace {
 
 constexpr int kShortThreads = 128;
-constexpr int kShortCols = 64;    // state columns per block: 4 warps × 8 lane quads × 2
+constexpr int kShortCols = 64;  // state columns per block: 4 warps × 8 lane quads × 2
+constexpr int kQuad = 4;        // lanes sharing a column pair, each with dk / 4 of its rows
+constexpr int kPair = 2;        // columns per lane
 constexpr int kFirstTokens = 8;   // tokens in the first cp.async group
 constexpr float kFoldBelow = 0x1p-32f;
 
@@ -81,39 +86,35 @@ __device__ __forceinline__ void stage_rows(const GdnArgs& a, int64_t row0, int f
   }
 }
 
-// Columns j, j + 1 of row `row` of a [.., dv] matrix with row start p (zero past dv).
-__device__ __forceinline__ float2 load_pair(const float* p, int j, int dv, bool vec) {
-  if (vec) return j < dv ? *reinterpret_cast<const float2*>(p + j) : make_float2(0.0f, 0.0f);
-  return make_float2(j < dv ? p[j] : 0.0f, j + 1 < dv ? p[j + 1] : 0.0f);
-}
-
-__device__ __forceinline__ void store_pair(float* p, int j, int dv, bool vec, float x, float y) {
-  if (vec) {
-    if (j < dv) *reinterpret_cast<float2*>(p + j) = make_float2(x, y);
-  } else {
-    if (j < dv) p[j] = x;
-    if (j + 1 < dv) p[j + 1] = y;
+// Columns j, j + 1 of a row of a [.., dv] matrix starting at p (zero past dv).
+__device__ __forceinline__ void load_pair(const float* p, int j, int dv, bool vec, float (&x)[kPair]) {
+  if (vec && j < dv) {
+    const float2 f = *reinterpret_cast<const float2*>(p + j);
+    x[0] = f.x, x[1] = f.y;
+    return;
   }
+#pragma unroll
+  for (int c = 0; c < kPair; ++c) x[c] = j + c < dv ? p[j + c] : 0.0f;
 }
 
-// The sum over p (lanes 4c .. 4c + 3) of x, in every one of those lanes.
+// The sum over a lane quad (lanes 4c .. 4c + 3) of x, in each of them.
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 template <int DK>
-__global__ void __launch_bounds__(kShortThreads) gdn_short_kernel(GdnArgs a, bool vec) {
+__global__ void __launch_bounds__(kShortThreads, 3) gdn_short_kernel(GdnArgs a, bool vec) {
   using Lay = GdnShortLayout<DK>;
-  constexpr int M = DK / 16;
+  constexpr int G = kQuad, C = kPair, M = DK / (4 * G);
   extern __shared__ __align__(16) float smem[];
   float* Ks = smem + Lay::kK;
   float* Qs = smem + Lay::kQ;
   float* alpha = smem + Lay::kAlpha;
   float* beta = smem + Lay::kBeta;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, p = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, p = lane % G;
   const int r = blockIdx.x, h = blockIdx.y, kh = h / (a.Hv / a.Hk);
-  const int j = kShortCols * blockIdx.z + 16 * warp + 2 * (lane >> 2);
+  const int j = kShortCols * blockIdx.z + 16 * warp + C * (lane / G);
   const int t0 = a.offsets[r], cn = a.offsets[r + 1] - t0;
   const int64_t row0 = static_cast<int64_t>(t0) * a.qk_token_stride + static_cast<int64_t>(kh) * DK;
 
@@ -127,20 +128,26 @@ __global__ void __launch_bounds__(kShortThreads) gdn_short_kernel(GdnArgs a, boo
     alpha[tid] = expf(a.g[gi]);
     beta[tid] = a.beta[gi];
   }
-  // The lane's state elements: s[m][e] = S̃[16m + 4p + e][j, j + 1].
-  float2 s[M][4];
+  // The lane's state elements: s[m][e][c] = S̃[4G·m + 4p + e][j + c].
+  float s[M][4][C];
   const float* s0 = a.state_in != nullptr ? a.state_in + static_cast<int64_t>(h) * DK * a.dv : nullptr;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s[m][e] = s0 != nullptr ? load_pair(s0 + static_cast<int64_t>(16 * m + 4 * p + e) * a.dv, j, a.dv, vec)
-                              : make_float2(0.0f, 0.0f);
+      if (s0 != nullptr) {
+        load_pair(s0 + static_cast<int64_t>(4 * G * m + 4 * p + e) * a.dv, j, a.dv, vec, s[m][e]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < C; ++c) s[m][e][c] = 0.0f;
+      }
     }
   }
   const float* vrow = a.v + static_cast<int64_t>(t0) * a.v_token_stride + static_cast<int64_t>(h) * a.dv;
-  float* orow = a.out + static_cast<int64_t>(t0) * a.out_token_stride + static_cast<int64_t>(h) * a.dv;
-  float2 vnext = cn > 0 ? load_pair(vrow, j, a.dv, vec) : make_float2(0.0f, 0.0f);
+  float* orow = a.out + static_cast<int64_t>(t0) * a.out_token_stride + static_cast<int64_t>(h) * a.dv + j + p;
+  const bool writer = p < C && j + p < a.dv;
+  float vnext[C] = {};
+  if (cn > 0) load_pair(vrow, j, a.dv, vec, vnext);
   float sigma = 1.0f;
   asm volatile("cp.async.wait_group 1;" ::: "memory");
   __syncthreads();
@@ -150,74 +157,86 @@ __global__ void __launch_bounds__(kShortThreads) gdn_short_kernel(GdnArgs a, boo
       cp_async_wait_all();
       __syncthreads();
     }
-    const float2 vt = vnext;
-    if (t + 1 < cn) vnext = load_pair(vrow + static_cast<int64_t>(t + 1) * a.v_token_stride, j, a.dv, vec);
+    float vt[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) vt[c] = vnext[c];
+    if (t + 1 < cn) load_pair(vrow + static_cast<int64_t>(t + 1) * a.v_token_stride, j, a.dv, vec, vnext);
     const float* kt = Ks + t * DK + 4 * p;
     const float* qt = Qs + t * DK + 4 * p;  // q_{t−1}
     float4 k4[M];
-    float ak0 = 0.0f, ak1 = 0.0f, aq0 = 0.0f, aq1 = 0.0f;
+    float ak[C] = {}, aq[C] = {};
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      k4[m] = ld4(kt + 16 * m);
-      const float4 q4 = ld4(qt + 16 * m);
+      k4[m] = ld4(kt + 4 * G * m);
+      const float4 q4 = ld4(qt + 4 * G * m);
       const float kv[4] = {k4[m].x, k4[m].y, k4[m].z, k4[m].w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        ak0 = fmaf(s[m][e].x, kv[e], ak0);
-        ak1 = fmaf(s[m][e].y, kv[e], ak1);
-        aq0 = fmaf(s[m][e].x, qv[e], aq0);
-        aq1 = fmaf(s[m][e].y, qv[e], aq1);
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          ak[c] = fmaf(s[m][e][c], kv[e], ak[c]);
+          aq[c] = fmaf(s[m][e][c], qv[e], aq[c]);
+        }
       }
     }
-    ak0 = quad_sum(ak0);
-    ak1 = quad_sum(ak1);
-    aq0 = quad_sum(aq0);
-    aq1 = quad_sum(aq1);
-    if (t > 0 && p < 2 && j + p < a.dv) orow[static_cast<int64_t>(t - 1) * a.out_token_stride + j + p] = sigma * (p == 0 ? aq0 : aq1);
+    float mine = 0.0f;  // the o-sum of column j + p (lanes p < C)
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      ak[c] = quad_sum(ak[c]);
+      aq[c] = quad_sum(aq[c]);
+      if (p == c) mine = aq[c];
+    }
+    if (t > 0 && writer) orow[static_cast<int64_t>(t - 1) * a.out_token_stride] = sigma * mine;
     float s1 = sigma * alpha[t];
     const float b = beta[t];
-    float w0 = b * (vt.x - s1 * ak0), w1 = b * (vt.y - s1 * ak1);
+    float w[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) w[c] = b * (vt[c] - s1 * ak[c]);
     if (s1 < kFoldBelow) {
 #pragma unroll
       for (int m = 0; m < M; ++m) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[m][e].x *= s1;
-          s[m][e].y *= s1;
+#pragma unroll
+          for (int c = 0; c < C; ++c) s[m][e][c] *= s1;
         }
       }
       s1 = 1.0f;
     }
     sigma = s1;
-    const float inv = 1.0f / s1;
-    w0 *= inv;
-    w1 *= inv;
+    const float inv = __frcp_rn(s1);
+#pragma unroll
+    for (int c = 0; c < C; ++c) w[c] *= inv;
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const float kv[4] = {k4[m].x, k4[m].y, k4[m].z, k4[m].w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[m][e].x = fmaf(kv[e], w0, s[m][e].x);
-        s[m][e].y = fmaf(kv[e], w1, s[m][e].y);
+#pragma unroll
+        for (int c = 0; c < C; ++c) s[m][e][c] = fmaf(kv[e], w[c], s[m][e][c]);
       }
     }
   }
   if (cn > 0) {  // the last token's o
     const float* qt = Qs + cn * DK + 4 * p;
-    float aq0 = 0.0f, aq1 = 0.0f;
+    float aq[C] = {};
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      const float4 q4 = ld4(qt + 16 * m);
+      const float4 q4 = ld4(qt + 4 * G * m);
       const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        aq0 = fmaf(s[m][e].x, qv[e], aq0);
-        aq1 = fmaf(s[m][e].y, qv[e], aq1);
+#pragma unroll
+        for (int c = 0; c < C; ++c) aq[c] = fmaf(s[m][e][c], qv[e], aq[c]);
       }
     }
-    aq0 = quad_sum(aq0);
-    aq1 = quad_sum(aq1);
-    if (p < 2 && j + p < a.dv) orow[static_cast<int64_t>(cn - 1) * a.out_token_stride + j + p] = sigma * (p == 0 ? aq0 : aq1);
+    float mine = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      aq[c] = quad_sum(aq[c]);
+      if (p == c) mine = aq[c];
+    }
+    if (writer) orow[static_cast<int64_t>(cn - 1) * a.out_token_stride] = sigma * mine;
   }
   if (a.state_out != nullptr) {
     float* so = a.state_out + static_cast<int64_t>(h) * DK * a.dv;
@@ -225,8 +244,11 @@ __global__ void __launch_bounds__(kShortThreads) gdn_short_kernel(GdnArgs a, boo
     for (int m = 0; m < M; ++m) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        store_pair(so + static_cast<int64_t>(16 * m + 4 * p + e) * a.dv, j, a.dv, vec, sigma * s[m][e].x,
-                   sigma * s[m][e].y);
+        float* row = so + static_cast<int64_t>(4 * G * m + 4 * p + e) * a.dv;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          if (j + c < a.dv) row[j + c] = sigma * s[m][e][c];
+        }
       }
     }
   }
@@ -246,6 +268,21 @@ cudaError_t launch_short_dk(const GdnArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace
+
+// The token recurrence takes every short pass with state_out (one sequence: Hv · ceil(dv / 64) blocks)
+// and question rows whose grid fits two blocks per SM; more rows take the rows kernels. H200,
+// `DISABLED_Perf.GatedDeltaRuleCuda*` (2026-12-03, µs a call, the rows kernels or, at up to one wave of
+// their recurrence, the products kernel and the chunked recurrence → this kernel): 0.8B 6 × 37 rows
+// (192 blocks) 30.5 → 26.0, 4B 4 × 37 (256) 29.8 → 26.2, 4B 1 × 37 with state_out (64) 21.0 → 19.4,
+// 0.8B 2 × 37 (64) 17.6 → 18.9 (the one loss: a lone block per SM is latency-bound); 4B 6 × 37
+// (384 blocks, three per SM) 31.4 → 32.3, which keeps the rows kernels. Depends on shapes, n_seqs and
+// the SM count only (CUDA graph replay).
+bool short_pass(const GdnArgs& a) {
+  if (!a.short_seqs) return false;
+  if (a.state_out != nullptr) return true;
+  const int64_t blocks = static_cast<int64_t>(a.n_seqs) * a.Hv * ((a.dv + kShortCols - 1) / kShortCols);
+  return blocks <= 2 * static_cast<int64_t>(device_traits().sms);
+}
 
 cudaError_t launch_short(const GdnArgs& a, cudaStream_t stream) {
   switch (a.dk) {

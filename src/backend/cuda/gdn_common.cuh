@@ -37,10 +37,9 @@ static_assert(kChunk == 64 && kThreads == 256, "the warp tilings below assume C 
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
-// Programmatic dependent launch (sm_90; the launcher uses it for short passes): the products kernel
-// (or the rows kernel) lets the recurrence kernel (the rows' state product) start at once, and that
-// waits here, before its first read of what the first wrote, for it to finish (memory included).
-// Without it both are no-ops.
+// Programmatic dependent launch (sm_90; the rows kernels' launcher uses it): gdn_rows_kernel lets the
+// rows' state product start at once, and that waits here, before its first read of what the first
+// wrote, for it to finish (memory included). Without it both are no-ops.
 __device__ __forceinline__ void release_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -290,12 +289,13 @@ inline bool vectorizable(const GdnArgs& a) {
 }
 
 
-// Short passes (GdnArgs::short_seqs; gated_delta_rule_short.cu): the token recurrence, no workspace.
+// Short passes (gated_delta_rule_short.cu): whether a pass takes the token recurrence (no workspace),
+// and its launch.
+bool short_pass(const GdnArgs& a);
 cudaError_t launch_short(const GdnArgs& a, cudaStream_t stream);
 
-// Question rows from a shared state (gated_delta_rule_rows.cu): whether a pass takes the rows kernels,
-// and their launch (qt: the workspace, Q̃ as [Hv, n_tokens, dk]).
-bool rows_pass(const GdnArgs& a);
+// Question rows from a shared state that short_pass leaves (gated_delta_rule_rows.cu): the rows
+// kernels' launch (qt: the workspace, Q̃ as [Hv, n_tokens, dk]).
 cudaError_t launch_rows(const GdnArgs& a, float* qt, cudaStream_t stream);
 
 }  // namespace kev::cuda::gdn

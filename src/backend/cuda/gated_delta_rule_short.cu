@@ -51,8 +51,8 @@ constexpr int kShortThreads = 128;
 constexpr int kShortCols = 64;  // state columns per block: 4 warps × 8 lane quads × 2
 constexpr int kQuad = 4;        // lanes sharing a column pair, each with dk / 4 of its rows
 constexpr int kPair = 2;        // columns per lane
-constexpr int kFirstTokens = 8;   // tokens in the first cp.async group
-constexpr float kFoldBelow = 0x1p-32f;
+constexpr int kFirstTokens = 8;  // tokens in the first cp.async group
+constexpr float kFoldBelow = 0x1p-32f;  // σ is folded into S̃ below this
 
 template <int DK>
 struct GdnShortLayout {

@@ -49,13 +49,15 @@ namespace {
 // Options::reserve_memory: the largest passes the limits allow, with throw-away tokens (id 0). Their
 // arena, scratch and snapshot blocks stay in the backend's pool for the passes that follow. A score
 // pass's rows are short (kRows tokens each, the many-questions case) unless max_questions forces
-// longer ones.
+// longer ones; a last pass holds one row as long as the context allows (backends may take other
+// kernels, with other scratch, for rows longer than a chunk).
 Status reserve_memory(ModelRunner& runner, const Limits& lim) {
   constexpr int64_t kRows = 32;
-  // A prefill of `state_tokens`, then one score pass of `n` row tokens over it.
-  auto reserve = [&](int64_t state_tokens, int64_t n) -> Status {
+  // A prefill of `state_tokens`, then one score pass of `n` row tokens over it, in rows of kRows
+  // tokens (short_rows) or as one row.
+  auto reserve = [&](int64_t state_tokens, int64_t n, bool short_rows) -> Status {
     KEV_ASSIGN_OR_RETURN(PrefixState prefix, runner.prefill(std::vector<int32_t>(static_cast<size_t>(state_tokens), 0)));
-    int64_t rows = (n + kRows - 1) / kRows;
+    int64_t rows = short_rows ? (n + kRows - 1) / kRows : 1;
     if (lim.max_questions > 0) rows = std::min(rows, lim.max_questions);
     ScorePass pass;
     pass.tokens.assign(static_cast<size_t>(n), 0);
@@ -72,8 +74,9 @@ Status reserve_memory(ModelRunner& runner, const Limits& lim) {
     }
     return runner.score(prefix, pass).status();
   };
-  Status st = reserve(lim.max_prefix, lim.pass_token_budget);
-  if (st.ok() && lim.max_context - 1 > lim.pass_token_budget) st = reserve(1, lim.max_context - 1);
+  Status st = reserve(lim.max_prefix, lim.pass_token_budget, true);
+  if (st.ok() && lim.max_context - 1 > lim.pass_token_budget) st = reserve(1, lim.max_context - 1, true);
+  if (st.ok() && lim.max_context > 1) st = reserve(1, lim.max_context - 1, false);
   runner.reset_op_stats();
   if (!st.ok()) {
     return Status(st.code(), cat("reserving device memory for the limits (max_prefix ", lim.max_prefix,

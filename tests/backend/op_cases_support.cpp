@@ -181,6 +181,7 @@ void add_gdn(std::vector<OpCase>& cases) {
   cases.push_back(gdn_case("4b,", {16, 32, 128, 128}, {130}, true, true));
   cases.push_back(gdn_case("packed,", small, {1, 7, 64, 65, 130}, true, false, 64));
   cases.push_back(gdn_case("packed,", small, {3, 70}, false, false));
+  cases.push_back(gdn_case("rows,", small, {37, 20, 64, 1}, true, false));  // question rows: every sequence one chunk
   cases.push_back(gdn_case("dk!=dv,", {1, 3, 32, 48}, {100}, true, true));
   cases.push_back(gdn_case("empty_seq,", small, {0}, true, true));
   OpCase spiky = gdn_case("spiky_decay,", small, {130}, true, true);

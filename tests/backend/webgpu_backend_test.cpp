@@ -631,6 +631,12 @@ const GdnEdge kGdnEdges[] = {
     {"segments_from_state", 2, 4, 128, 128, {700}, true, true, true, uint64_t{3} << 20},
     {"segments_fresh", 2, 4, 128, 128, {330}, false, true, false, uint64_t{3} << 20},
     {"segments_among_rows", 2, 4, 128, 128, {130, 400, 64, 37}, true, false, false, uint64_t{3} << 20},
+    // Question rows (every sequence within one chunk, no state_out) take the token recurrence
+    // (gated_delta_net_short.wgsl): spiky gates (σ folded into the state), an empty row, rows of 1 and
+    // 64 tokens and 37 (8-token batches, the last partial); dk not a multiple of 4 and dv over one
+    // 64-column slice (the last partial), from the zero state.
+    {"rows_spiky_from_state", 2, 4, 128, 128, {37, 37, 0, 36, 1, 64}, true, false, true, 0},
+    {"rows_dk98_dv130_fresh", 1, 2, 98, 130, {20, 9, 8}, false, false, false, 0},
 };
 
 class GdnEdges : public ::testing::TestWithParam<size_t> {};

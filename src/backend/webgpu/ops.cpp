@@ -20,6 +20,7 @@ constexpr uint32_t kChunk = 64;   // GDN chunk length (gated_delta_net*.wgsl)
 constexpr uint32_t kRecurSlice = 8;  // GDN state columns per recurrence workgroup (gated_delta_net.wgsl)
 constexpr uint32_t kOutSlice = 64;   // GDN output columns per workgroup (gated_delta_net_out.wgsl)
 constexpr uint32_t kWuSlice = 64;    // GDN [K | V] columns per W/U workgroup (gated_delta_net_wu.wgsl)
+constexpr uint32_t kShortSlice = 64;  // GDN state columns per question-rows workgroup (gated_delta_net_short.wgsl)
 constexpr int64_t kAttnRows = 64;  // query rows (tokens × heads of a KV group) per attention workgroup
 constexpr int64_t kAttnKeys = 64;  // keys per attention key tile (attention.wgsl)
 // Key splits (flash-decoding): a pass's key tiles spread over at least about two workgroups per
@@ -73,6 +74,7 @@ const KernelSpec kGdnPrep{"gated_delta_net_prep", "prep", 6};
 const KernelSpec kGdnWu{"gated_delta_net_wu", "wu", 5};
 const KernelSpec kGdnRecur{"gated_delta_net", "recur", 5};
 const KernelSpec kGdnOut{"gated_delta_net_out", "output", 4};
+const KernelSpec kGdnShort{"gated_delta_net_short", "short_rows", 8};
 
 // Outer dims of a rank 1..4 tensor folded to (s0, s1, s2), front-padded with 1 (stride 0).
 struct Outer {
@@ -172,6 +174,12 @@ struct GdnRecurParams {
       pad0, pad1;
 };
 static_assert(sizeof(GdnRecurParams) == 64);
+
+struct GdnShortParams {
+  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, k_off, k_st0, k_st1, v_off, v_st0, v_st1, g_off, g_st, b_off, b_st,
+      si_off, o_off, o_st0, o_st1, has_state_in, n_seqs, n_slices;
+};
+static_assert(sizeof(GdnShortParams) == 96);
 
 struct GdnOutParams {
   uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, o_off, o_st0, o_st1, n_chunks, chunk_base, n_slices, region, pad0, pad1;
@@ -867,6 +875,39 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 6));
   KEV_ASSIGN_OR_RETURN(Bound bso, bind(kOp, "state_out", state_out, 7));
   KEV_TRY(separate(kOp, {&bq, &bk, &bv, &bg, &bbeta, &bs}, {&bo, &bso}));
+
+  // Question rows (every sequence within one chunk, no state_out): the token recurrence, one dispatch
+  // (gated_delta_net_short.wgsl says why this is not the prefill's trap).
+  if (state_out.empty() && layout.longest() <= kChunk) {
+    KEV_ASSIGN_OR_RETURN(Binding offsets, stage_offsets(layout));
+    GdnShortParams sp{};
+    sp.hk = u32(Hk);
+    sp.hv = u32(Hv);
+    sp.dk = u32(dk);
+    sp.dv = u32(dv);
+    sp.q_off = bq.off;
+    sp.q_st0 = u32(q.stride[0]);
+    sp.q_st1 = u32(q.stride[1]);
+    sp.k_off = bk.off;
+    sp.k_st0 = u32(k.stride[0]);
+    sp.k_st1 = u32(k.stride[1]);
+    sp.v_off = bv.off;
+    sp.v_st0 = u32(v.stride[0]);
+    sp.v_st1 = u32(v.stride[1]);
+    sp.g_off = bg.off;
+    sp.g_st = u32(g.stride[0]);
+    sp.b_off = bbeta.off;
+    sp.b_st = u32(beta.stride[0]);
+    sp.si_off = bs.off;
+    sp.o_off = bo.off;
+    sp.o_st0 = u32(out.stride[0]);
+    sp.o_st1 = u32(out.stride[1]);
+    sp.has_state_in = layout.from_prefix ? 1 : 0;
+    sp.n_seqs = u32(R);
+    sp.n_slices = u32(ceil_div(dv, kShortSlice));
+    return dispatch(kOp, kGdnShort, &sp, sizeof sp, {bq.b, bk.b, bv.b, bg.b, bbeta.b, bs.b, offsets, bo.b},
+                    uint64_t{sp.n_slices} * Hv * R);
+  }
 
   // Sequences go in groups whose chunk matrices fit one scratch binding (usually all at once):
   // Pᵀ [C×C], Wᵀ [dk×C], U (then Δ) [C×dv], γ and dlast [C] and the starting state [dk×dv] per chunk

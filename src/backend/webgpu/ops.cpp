@@ -163,9 +163,15 @@ struct PointerParams {
 };
 static_assert(sizeof(PointerParams) == 48);
 
+// The gated delta rule's shapes and operands (offsets, strides), first in the prep and short kernels'
+// parameters.
+struct GdnOperands {
+  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, k_off, k_st0, k_st1, v_off, v_st0, v_st1, g_off, g_st, b_off, b_st;
+};
+
 struct GdnPrepParams {
-  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, k_off, k_st0, k_st1, v_off, v_st0, v_st1, g_off, g_st, b_off, b_st,
-      n_chunks, chunk_base, region;
+  GdnOperands o;
+  uint32_t n_chunks, chunk_base, region;
 };
 static_assert(sizeof(GdnPrepParams) == 80);
 
@@ -176,8 +182,8 @@ struct GdnRecurParams {
 static_assert(sizeof(GdnRecurParams) == 64);
 
 struct GdnShortParams {
-  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, k_off, k_st0, k_st1, v_off, v_st0, v_st1, g_off, g_st, b_off, b_st,
-      si_off, o_off, o_st0, o_st1, has_state_in, n_seqs, n_slices;
+  GdnOperands o;
+  uint32_t si_off, o_off, o_st0, o_st1, has_state_in, n_seqs, n_slices;
 };
 static_assert(sizeof(GdnShortParams) == 96);
 
@@ -876,28 +882,31 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   KEV_ASSIGN_OR_RETURN(Bound bso, bind(kOp, "state_out", state_out, 7));
   KEV_TRY(separate(kOp, {&bq, &bk, &bv, &bg, &bbeta, &bs}, {&bo, &bso}));
 
+  GdnOperands go{};
+  go.hk = u32(Hk);
+  go.hv = u32(Hv);
+  go.dk = u32(dk);
+  go.dv = u32(dv);
+  go.q_off = bq.off;
+  go.q_st0 = u32(q.stride[0]);
+  go.q_st1 = u32(q.stride[1]);
+  go.k_off = bk.off;
+  go.k_st0 = u32(k.stride[0]);
+  go.k_st1 = u32(k.stride[1]);
+  go.v_off = bv.off;
+  go.v_st0 = u32(v.stride[0]);
+  go.v_st1 = u32(v.stride[1]);
+  go.g_off = bg.off;
+  go.g_st = u32(g.stride[0]);
+  go.b_off = bbeta.off;
+  go.b_st = u32(beta.stride[0]);
+
   // Question rows (every sequence within one chunk, no state_out): the token recurrence, one dispatch
   // (gated_delta_net_short.wgsl says why this is not the prefill's trap).
   if (state_out.empty() && layout.longest() <= kChunk) {
     KEV_ASSIGN_OR_RETURN(Binding offsets, stage_offsets(layout));
     GdnShortParams sp{};
-    sp.hk = u32(Hk);
-    sp.hv = u32(Hv);
-    sp.dk = u32(dk);
-    sp.dv = u32(dv);
-    sp.q_off = bq.off;
-    sp.q_st0 = u32(q.stride[0]);
-    sp.q_st1 = u32(q.stride[1]);
-    sp.k_off = bk.off;
-    sp.k_st0 = u32(k.stride[0]);
-    sp.k_st1 = u32(k.stride[1]);
-    sp.v_off = bv.off;
-    sp.v_st0 = u32(v.stride[0]);
-    sp.v_st1 = u32(v.stride[1]);
-    sp.g_off = bg.off;
-    sp.g_st = u32(g.stride[0]);
-    sp.b_off = bbeta.off;
-    sp.b_st = u32(beta.stride[0]);
+    sp.o = go;
     sp.si_off = bs.off;
     sp.o_off = bo.off;
     sp.o_st0 = u32(out.stride[0]);
@@ -945,23 +954,7 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   }
 
   GdnPrepParams pp{};
-  pp.hk = u32(Hk);
-  pp.hv = u32(Hv);
-  pp.dk = u32(dk);
-  pp.dv = u32(dv);
-  pp.q_off = bq.off;
-  pp.q_st0 = u32(q.stride[0]);
-  pp.q_st1 = u32(q.stride[1]);
-  pp.k_off = bk.off;
-  pp.k_st0 = u32(k.stride[0]);
-  pp.k_st1 = u32(k.stride[1]);
-  pp.v_off = bv.off;
-  pp.v_st0 = u32(v.stride[0]);
-  pp.v_st1 = u32(v.stride[1]);
-  pp.g_off = bg.off;
-  pp.g_st = u32(g.stride[0]);
-  pp.b_off = bbeta.off;
-  pp.b_st = u32(beta.stride[0]);
+  pp.o = go;
   pp.region = u32(region);
   GdnRecurParams rp{};
   rp.hk = u32(Hk);
@@ -969,8 +962,8 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   rp.dk = u32(dk);
   rp.dv = u32(dv);
   rp.k_off = bk.off;
-  rp.k_st0 = pp.k_st0;
-  rp.k_st1 = pp.k_st1;
+  rp.k_st0 = go.k_st0;
+  rp.k_st1 = go.k_st1;
   rp.n_slices = u32(ceil_div(dv, kRecurSlice));
   rp.region = u32(region);
   GdnOutParams op{};
@@ -979,8 +972,8 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   op.dk = u32(dk);
   op.dv = u32(dv);
   op.q_off = bq.off;
-  op.q_st0 = pp.q_st0;
-  op.q_st1 = pp.q_st1;
+  op.q_st0 = go.q_st0;
+  op.q_st1 = go.q_st1;
   op.o_off = bo.off;
   op.o_st0 = u32(out.stride[0]);
   op.o_st1 = u32(out.stride[1]);

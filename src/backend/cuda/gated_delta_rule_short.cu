@@ -103,6 +103,21 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The quad sums of a lane's partial o-sums over its rows: the one of column j + p (lanes p < kPair
+// write it), 0 in the other lanes.
+__device__ __forceinline__ float own_column_sum(const float (&aq)[kPair], int p) {
+  float mine = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kPair; ++c) {
+    const float sum = quad_sum(aq[c]);
+    if (p == c) mine = sum;
+  }
+  return mine;
+}
+
+// State column slices of 64 (grid z).
+inline int short_slices(const GdnArgs& a) { return (a.dv + kShortCols - 1) / kShortCols; }
+
 template <int DK>
 __global__ void __launch_bounds__(kShortThreads, 3) gdn_short_kernel(GdnArgs a, bool vec) {
   using Lay = GdnShortLayout<DK>;
@@ -149,7 +164,7 @@ __global__ void __launch_bounds__(kShortThreads, 3) gdn_short_kernel(GdnArgs a, 
   float vnext[C] = {};
   if (cn > 0) load_pair(vrow, j, a.dv, vec, vnext);
   float sigma = 1.0f;
-  asm volatile("cp.async.wait_group 1;" ::: "memory");
+  cp_async_wait<1>();  // the first group
   __syncthreads();
 
   for (int t = 0; t < cn; ++t) {
@@ -179,13 +194,9 @@ __global__ void __launch_bounds__(kShortThreads, 3) gdn_short_kernel(GdnArgs a, 
         }
       }
     }
-    float mine = 0.0f;  // the o-sum of column j + p (lanes p < C)
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      ak[c] = quad_sum(ak[c]);
-      aq[c] = quad_sum(aq[c]);
-      if (p == c) mine = aq[c];
-    }
+    for (int c = 0; c < C; ++c) ak[c] = quad_sum(ak[c]);
+    const float mine = own_column_sum(aq, p);
     if (t > 0 && writer) orow[static_cast<int64_t>(t - 1) * a.out_token_stride] = sigma * mine;
     float s1 = sigma * alpha[t];
     const float b = beta[t];
@@ -230,12 +241,7 @@ __global__ void __launch_bounds__(kShortThreads, 3) gdn_short_kernel(GdnArgs a, 
         for (int c = 0; c < C; ++c) aq[c] = fmaf(s[m][e][c], qv[e], aq[c]);
       }
     }
-    float mine = 0.0f;
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      aq[c] = quad_sum(aq[c]);
-      if (p == c) mine = aq[c];
-    }
+    const float mine = own_column_sum(aq, p);
     if (writer) orow[static_cast<int64_t>(cn - 1) * a.out_token_stride] = sigma * mine;
   }
   if (a.state_out != nullptr) {
@@ -261,7 +267,7 @@ cudaError_t launch_short_dk(const GdnArgs& a, cudaStream_t stream) {
       cudaFuncSetAttribute(gdn_short_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>(a.n_seqs), static_cast<unsigned>(a.Hv),
-                  static_cast<unsigned>((a.dv + kShortCols - 1) / kShortCols));
+                  static_cast<unsigned>(short_slices(a)));
   const bool vec = vectorizable(a) && (a.state_out == nullptr || aligned16(a.state_out));
   gdn_short_kernel<DK><<<grid, kShortThreads, bytes, stream>>>(a, vec);
   return cudaGetLastError();
@@ -280,7 +286,7 @@ cudaError_t launch_short_dk(const GdnArgs& a, cudaStream_t stream) {
 bool short_pass(const GdnArgs& a) {
   if (!a.short_seqs) return false;
   if (a.state_out != nullptr) return true;
-  const int64_t blocks = static_cast<int64_t>(a.n_seqs) * a.Hv * ((a.dv + kShortCols - 1) / kShortCols);
+  const int64_t blocks = static_cast<int64_t>(a.n_seqs) * a.Hv * short_slices(a);
   return blocks <= 2 * static_cast<int64_t>(device_traits().sms);
 }
 

@@ -22,7 +22,12 @@ __device__ __forceinline__ void cp_async(void* dst, const void* src, bool fill) 
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 // x = hi + lo (3xTF32): hi = x rounded to TF32 (add half an ulp of the 10-bit mantissa, then drop the
 // 13 low bits: round to nearest, ties away from zero), lo = x − hi (exact), truncated to TF32.

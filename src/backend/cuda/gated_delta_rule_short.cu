@@ -23,11 +23,12 @@
 // (key head h / (Hv / Hk)), state columns 64z.. . Lane 4c + p of warp w holds columns j = 64z + 16w + 2c
 // and j + 1 of the rows i = 16m + 4p + e (m < dk / 16, e < 4): dk / 2 floats, and the float4 reads of a
 // k or q row by the 8 lanes of a quarter-warp hit 16 distinct banks (or share an address). A sum over i
-// is the lane's partial sum, then two xor shuffles over p. The sequence's k and q rows (up to 64
-// tokens) are staged in shared memory by cp.async in two groups, tokens 0–7 and the rest, so the walk
-// starts when the first eight have arrived; q is stored one row down (row 0 zero, so the first step's
-// late o-sum is an empty one). The loop has no barrier: shared memory is read-only once staged. v is
-// read from global memory one token ahead; out is written by lanes p = 0, 1 (one column each).
+// is the lane's partial sum (two FMA chains per sum, even and odd e, added before the shuffles), then
+// two xor shuffles over p. The sequence's k and q rows (up to 64 tokens) are staged in shared memory
+// by cp.async in two groups, tokens 0–7 and the rest, so the walk starts when the first eight have
+// arrived; q is stored one row down (row 0 zero, so the first step's late o-sum is an empty one). The
+// loop has no barrier: shared memory is read-only once staged. v is read from global memory one token
+// ahead; out is written by lanes p = 0, 1 (one column each).
 // Shared memory: (129 · dk + 128) floats, 64.5 KiB at dk = 128; three blocks per SM (148 registers at
 // dk = 128, no spill). The grid depends on n_seqs, Hv and dv only.
 //
@@ -178,8 +179,9 @@ __global__ void __launch_bounds__(kShortThreads, 3) gdn_short_kernel(GdnArgs a, 
     if (t + 1 < cn) load_pair(vrow + static_cast<int64_t>(t + 1) * a.v_token_stride, j, a.dv, vec, vnext);
     const float* kt = Ks + t * DK + 4 * p;
     const float* qt = Qs + t * DK + 4 * p;  // q_{t−1}
+    // Each of the four sums in two halves (even and odd e), so a chain is dk / 8 FMAs long, not dk / 4.
     float4 k4[M];
-    float ak[C] = {}, aq[C] = {};
+    float akh[2][C] = {}, aqh[2][C] = {};
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       k4[m] = ld4(kt + 4 * G * m);
@@ -189,13 +191,17 @@ __global__ void __launch_bounds__(kShortThreads, 3) gdn_short_kernel(GdnArgs a, 
       for (int e = 0; e < 4; ++e) {
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-          ak[c] = fmaf(s[m][e][c], kv[e], ak[c]);
-          aq[c] = fmaf(s[m][e][c], qv[e], aq[c]);
+          akh[e % 2][c] = fmaf(s[m][e][c], kv[e], akh[e % 2][c]);
+          aqh[e % 2][c] = fmaf(s[m][e][c], qv[e], aqh[e % 2][c]);
         }
       }
     }
+    float ak[C], aq[C];
 #pragma unroll
-    for (int c = 0; c < C; ++c) ak[c] = quad_sum(ak[c]);
+    for (int c = 0; c < C; ++c) {
+      ak[c] = quad_sum(akh[0][c] + akh[1][c]);
+      aq[c] = aqh[0][c] + aqh[1][c];
+    }
     const float mine = own_column_sum(aq, p);
     if (t > 0 && writer) orow[static_cast<int64_t>(t - 1) * a.out_token_stride] = sigma * mine;
     float s1 = sigma * alpha[t];
@@ -281,8 +287,14 @@ cudaError_t launch_short_dk(const GdnArgs& a, cudaStream_t stream) {
 // their recurrence, the products kernel and the chunked recurrence → this kernel): 0.8B 6 × 37 rows
 // (192 blocks) 30.5 → 26.0, 4B 4 × 37 (256) 29.8 → 26.2, 4B 1 × 37 with state_out (64) 21.0 → 19.4,
 // 0.8B 2 × 37 (64) 17.6 → 18.9 (the one loss: a lone block per SM is latency-bound); 4B 6 × 37
-// (384 blocks, three per SM) 31.4 → 32.3, which keeps the rows kernels. Depends on shapes, n_seqs and
-// the SM count only (CUDA graph replay).
+// (384 blocks, three per SM) 31.4 → 32.3, which keeps the rows kernels. With the split sums
+// (2026-12-03, seventeenth session, same binary, one chain → two, two rounds): 0.8B 6 × 37 25.1 / 26.1
+// → 24.5 / 24.5, 4B 4 × 37 25.3 / 26.1 → 24.5 / 24.5, 0.8B 2 × 37 18.0 / 18.9 → 17.3 / 17.3, 4B 1 × 37
+// 19.0 / 19.9 → 18.3 / 18.3; 4B 6 × 37 through this kernel 31.2 / 31.7 against the rows kernels' 30.8 /
+// 31.8 (and 4B cached evaluation 6.28 / 6.27 / 6.03 against 6.21 / 6.21 / 6.20 ms), so the rule stays.
+// Eight lanes per column pair (256-thread blocks, dk / 8 rows a lane, a third shuffle) was slower at
+// every shape (0.8B 2 × 37 20.5, 6 × 37 29.6; 4B 4 × 37 29.5 µs). Depends on shapes, n_seqs and the
+// SM count only (CUDA graph replay).
 bool short_pass(const GdnArgs& a) {
   if (!a.short_seqs) return false;
   if (a.state_out != nullptr) return true;

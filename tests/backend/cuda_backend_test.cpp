@@ -1215,6 +1215,30 @@ TEST(CudaGraphs, ReplayIsBitwiseIdenticalToDirectRuns) {
 #endif
 }
 
+// KEV_CUDA_TRACE=ops (read when the backend is created): a pass seen before runs with an event
+// around each command and prints its GPU times per op; the results are those of an untraced backend.
+TEST(CudaGraphs, OpTraceTimesEveryCommand) {
+  KEV_CUDA_OR_SKIP(plain, true);
+  setenv("KEV_CUDA_TRACE", "ops", 1);
+  auto r = create_backend("cuda", BackendOptions{});
+  unsetenv("KEV_CUDA_TRACE");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::shared_ptr<Backend> traced = r.value();
+  MiniPass pp(*plain), pt(*traced);
+  const std::vector<int64_t> seqs = {10, 14};
+  const std::vector<float> want = pp.run(*plain, 500, seqs);
+  EXPECT_EQ(pt.run(*traced, 500, seqs), want);  // first sighting: untimed
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(pt.run(*traced, 500, seqs), want);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("kev-cuda-trace pass "), std::string::npos) << log;
+  EXPECT_NE(log.find(" commands, GPU "), std::string::npos) << log;
+  EXPECT_NE(log.find(" ms back to back\n"), std::string::npos) << log;
+  for (const char* op : {"  rms_norm", "  matmul", "  rope", "  causal_conv1d_silu", "  swiglu"}) {
+    EXPECT_NE(log.find(op), std::string::npos) << op << " missing from\n" << log;
+  }
+}
+
 // A pass longer than a segment (PassRecorder::kSegment commands) is launched segment by segment while
 // it is recorded: every segment replays as its own graph, and the results equal direct runs bit for
 // bit, also when the data flows across segment boundaries (each block reads the one before).

@@ -791,6 +791,44 @@ TEST(WebGpu, UploadsLandInOpOrder) {
   EXPECT_EQ(get(*gpu, out2), b);
 }
 
+// KEV_WEBGPU_TRACE=ops (read when the device opens): every dispatch of a flush is timed by timestamp
+// queries and printed per op after its wait, and the results are those of an untraced run.
+TEST(WebGpu, TraceTimesEveryDispatch) {
+  REQUIRE_WEBGPU(plain);
+  setenv("KEV_WEBGPU_TRACE", "ops", 1);
+  auto r = create_backend("webgpu", BackendOptions{});
+  unsetenv("KEV_WEBGPU_TRACE");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::shared_ptr<Backend> traced = r.value();
+  const int64_t rows = 3, d = 64;
+  const std::vector<float> x = random_floats(rows * d, 6), y = random_floats(rows * d, 7);
+  const std::vector<float> w = random_floats(d, 8, 0.1f);
+  std::vector<std::vector<float>> results;
+  std::string log;
+  for (Backend* b : {plain.get(), traced.get()}) {
+    std::vector<std::shared_ptr<Buffer>> keep;
+    const Tensor tx = put(*b, keep, BufferUsage::Activations, DType::F32, {rows, d}, x.data());
+    const Tensor ty = put(*b, keep, BufferUsage::Activations, DType::F32, {rows, d}, y.data());
+    const Tensor tw = put(*b, keep, BufferUsage::Weights, DType::F32, {d}, w.data());
+    const Tensor sum = put(*b, keep, BufferUsage::Activations, DType::F32, {rows, d}, nullptr);
+    const Tensor out = put(*b, keep, BufferUsage::Activations, DType::F32, {rows, d}, nullptr);
+    ASSERT_TRUE(b->synchronize().ok());
+    if (b == traced.get()) ::testing::internal::CaptureStderr();
+    ASSERT_TRUE(b->add(tx, ty, sum).ok());
+    ASSERT_TRUE(b->rms_norm(sum, tw, 1e-6f, out).ok());
+    results.push_back(get(*b, out));
+    if (b == traced.get()) log = ::testing::internal::GetCapturedStderr();
+  }
+  if (log.find("no timestamp queries") != std::string::npos) {
+    std::printf("%s", log.c_str());
+    GTEST_SKIP() << log;
+  }
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_NE(log.find("kev-webgpu-trace pass 1 ops: 2 dispatches, GPU "), std::string::npos) << log;
+  EXPECT_NE(log.find("  add add x"), std::string::npos) << log;
+  EXPECT_NE(log.find("  rms_norm rms_norm x3 "), std::string::npos) << log;
+}
+
 // kev_export's audit: no adapter, WebGPU default limits; the model's ops are supported, and a
 // tensor over the default 128 MiB binding limit is not (unless it is a splittable weight).
 TEST(WebGpu, AuditOnlyAnswersUnderDefaultLimits) {

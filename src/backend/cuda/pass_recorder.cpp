@@ -6,10 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/op_time_table.h"
 #include "common/hash.h"
 
 namespace kev::cuda {
@@ -344,28 +344,13 @@ Status PassRecorder::run_traced() {
   release_gate();
   KEV_CUDA_TRY(last);
   KEV_CUDA_TRY(cudaStreamSynchronize(stream_));
-  struct Sum {
-    double ms = 0;
-    int calls = 0;
-  };
-  std::map<std::string, Sum> by_label;
-  double total = 0;
+  OpTimeTable table;
   for (size_t i = 0; i < n; ++i) {
     float ms = 0;
     KEV_CUDA_TRY(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
-    Sum& sum = by_label[commands_[i].label.empty() ? std::string(commands_[i].op) : commands_[i].label];
-    sum.ms += ms;
-    ++sum.calls;
-    total += ms;
+    table.add(commands_[i].label.empty() ? std::string(commands_[i].op) : commands_[i].label, ms);
   }
-  std::vector<std::pair<std::string, Sum>> rows(by_label.begin(), by_label.end());
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-  std::fprintf(stderr, "kev-cuda-trace pass %llu ops: %zu commands, GPU %.3f ms back to back\n",
-               static_cast<unsigned long long>(passes_), n, total);
-  for (const auto& [label, sum] : rows) {
-    std::fprintf(stderr, "  %-44s %4d x %8.1f us = %8.1f us  %5.1f%%\n", label.c_str(), sum.calls,
-                 1e3 * sum.ms / sum.calls, 1e3 * sum.ms, 100 * sum.ms / total);
-  }
+  table.print(stderr, cat("kev-cuda-trace pass ", passes_, " ops: ", n, " commands"), "back to back");
   ++ran_[static_cast<size_t>(Ran::Traced)];
   return Status::success();
 }

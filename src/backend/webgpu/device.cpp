@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
+#include "backend/op_time_table.h"
 #include "backend/webgpu/shaders.h"
 #include "common/check.h"
 
@@ -318,6 +321,16 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
 
   WGPUDeviceDescriptor ddesc = WGPU_DEVICE_DESCRIPTOR_INIT;
   ddesc.label = sv("kev");
+  // Dawn rounds timestamps to ~65 µs unless told not to; only the trace reads them.
+  const char* trace_env = std::getenv("KEV_WEBGPU_TRACE");
+  const bool trace_ops = trace_env != nullptr && std::strcmp(trace_env, "ops") == 0;
+  const char* const exact_timestamps[] = {"timestamp_quantization"};
+  WGPUDawnTogglesDescriptor toggles = WGPU_DAWN_TOGGLES_DESCRIPTOR_INIT;
+  if (trace_ops) {
+    toggles.disabledToggleCount = 1;
+    toggles.disabledToggles = exact_timestamps;
+    ddesc.nextInChain = &toggles.chain;
+  }
   ddesc.requiredFeatureCount = features.size();
   ddesc.requiredFeatures = features.data();
   ddesc.requiredLimits = &want;
@@ -374,6 +387,7 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
                         l.workgroup_storage, " B, ", l.invocations, " invocations/workgroup, ", l.storage_buffers,
                         " storage buffers/stage", d->has_f16_ ? ", shader-f16" : "", subgroups,
                         "; FP32 kernels");
+  if (trace_ops) KEV_TRY(d->open_trace());  // after the subgroup check: the trace shows the backend's passes
   return d;
 }
 
@@ -392,6 +406,15 @@ Device::~Device() {
   if (scratch_) release_buffer(scratch_);
   if (readback_) release_buffer(readback_);
   if (dummy_) release_buffer(dummy_);
+  if (trace_) {
+    if (trace_->queries) {
+      wgpuQuerySetDestroy(trace_->queries);
+      wgpuQuerySetRelease(trace_->queries);
+    }
+    for (WGPUBuffer b : {trace_->resolved, trace_->host}) {
+      if (b) release_buffer(b);
+    }
+  }
   if (queue_) wgpuQueueRelease(queue_);
   if (device_) {
     wgpuDeviceDestroy(device_);
@@ -663,10 +686,21 @@ Status Device::dispatch(const char* op, const KernelSpec& kernel, const void* pa
   WGPUBindGroup group = wgpuDeviceCreateBindGroup(device_, &desc);
   KEV_CHECK(group != nullptr, ErrorCode::Device, "webgpu: ", op, ": cannot create a bind group");
   // One compute pass holds every dispatch up to the next copy or clear (each dispatch is its own
-  // usage scope, so Dawn still orders them); the bind group's label names the op in errors.
+  // usage scope, so Dawn still orders them); the bind group's label names the op in errors. A timed
+  // dispatch (KEV_WEBGPU_TRACE=ops) has a pass of its own, timestamped at its start and end.
+  const bool timed = trace_ && trace_->labels.size() < kTraceDispatches;
+  if (trace_ && !timed) ++trace_->untimed;
+  if (timed) end_pass();
   if (!pass_) {
     WGPUComputePassDescriptor pdesc = WGPU_COMPUTE_PASS_DESCRIPTOR_INIT;
     pdesc.label = sv("kev");
+    WGPUPassTimestampWrites stamps = WGPU_PASS_TIMESTAMP_WRITES_INIT;
+    if (timed) {
+      stamps.querySet = trace_->queries;
+      stamps.beginningOfPassWriteIndex = static_cast<uint32_t>(2 * trace_->labels.size());
+      stamps.endOfPassWriteIndex = stamps.beginningOfPassWriteIndex + 1;
+      pdesc.timestampWrites = &stamps;
+    }
     pass_ = wgpuCommandEncoderBeginComputePass(encoder_, &pdesc);
   }
   wgpuComputePassEncoderSetPipeline(pass_, p->pipeline);
@@ -674,6 +708,10 @@ Status Device::dispatch(const char* op, const KernelSpec& kernel, const void* pa
   wgpuComputePassEncoderDispatchWorkgroups(pass_, static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1);
   wgpuBindGroupRelease(group);
   recorded_ = true;
+  if (timed) {
+    end_pass();
+    trace_->labels.push_back(cat(op, " ", kernel.entry, " x", workgroups));
+  }
   if (++unsubmitted_ >= (submits_ == 0 ? kFirstSubmit : kSubmitEvery)) return submit();
   return Status::success();
 }
@@ -731,6 +769,15 @@ Status Device::submit() {
 }
 
 Status Device::flush() {
+  const bool traced = trace_ && !trace_->labels.empty();
+  if (traced) {
+    KEV_TRY(ensure_encoder());
+    end_pass();
+    const auto stamps = static_cast<uint32_t>(2 * trace_->labels.size());
+    wgpuCommandEncoderResolveQuerySet(encoder_, trace_->queries, 0, stamps, trace_->resolved, 0);
+    wgpuCommandEncoderCopyBufferToBuffer(encoder_, trace_->resolved, 0, trace_->host, 0, 8 * uint64_t{stamps});
+    recorded_ = true;
+  }
   KEV_TRY(submit());
   MapReply done;
   WGPUQueueWorkDoneCallbackInfo cb = WGPU_QUEUE_WORK_DONE_CALLBACK_INFO_INIT;
@@ -750,6 +797,59 @@ Status Device::flush() {
   retired_.clear();
   KEV_TRY(take_error("while recording or running the pass"));
   KEV_CHECK(done.ok, ErrorCode::Device, "webgpu: the queue reported a failure: ", done.message);
+  return traced ? report_trace() : Status::success();
+}
+
+Status Device::open_trace() {
+  auto t = std::make_unique<DispatchTrace>();
+  WGPUQuerySetDescriptor qdesc = WGPU_QUERY_SET_DESCRIPTOR_INIT;
+  qdesc.label = sv("kev trace");
+  qdesc.type = WGPUQueryType_Timestamp;
+  qdesc.count = 2 * kTraceDispatches;
+  wgpuDevicePushErrorScope(device_, WGPUErrorFilter_Validation);
+  t->queries = wgpuDeviceCreateQuerySet(device_, &qdesc);
+  KEV_ASSIGN_OR_RETURN(const ScopeReply scope, pop_error_scope(instance_, device_, "the trace's query set"));
+  if (scope.type != WGPUErrorType_NoError || t->queries == nullptr) {
+    if (t->queries) wgpuQuerySetRelease(t->queries);
+    std::fprintf(stderr, "kev-webgpu-trace: no timestamp queries on %s (%s); nothing is traced\n",
+                 description_.c_str(), scope.message.c_str());
+    return Status::success();
+  }
+  const uint64_t bytes = 8 * uint64_t{qdesc.count};
+  KEV_ASSIGN_OR_RETURN(t->resolved, create_buffer(bytes, WGPUBufferUsage_QueryResolve | WGPUBufferUsage_CopySrc,
+                                                  "kev trace resolve"));
+  KEV_ASSIGN_OR_RETURN(t->host, create_buffer(bytes, WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst,
+                                              "kev trace readback"));
+  trace_ = std::move(t);
+  return Status::success();
+}
+
+Status Device::report_trace() {
+  DispatchTrace& t = *trace_;
+  const uint64_t bytes = 16 * uint64_t{t.labels.size()};
+  MapReply mapped;
+  WGPUBufferMapCallbackInfo cb = WGPU_BUFFER_MAP_CALLBACK_INFO_INIT;
+  cb.mode = WGPUCallbackMode_WaitAnyOnly;
+  cb.callback = on_map;
+  cb.userdata1 = &mapped;
+  KEV_TRY(wait(wgpuBufferMapAsync(t.host, WGPUMapMode_Read, 0, bytes, cb), "the trace's timestamps"));
+  KEV_CHECK(mapped.ok, ErrorCode::Device, "webgpu: mapping the trace's timestamps failed: ", mapped.message);
+  std::vector<uint64_t> ns(2 * t.labels.size());
+  const void* p = wgpuBufferGetConstMappedRange(t.host, 0, bytes);
+  if (p != nullptr) std::memcpy(ns.data(), p, bytes);
+  wgpuBufferUnmap(t.host);
+  KEV_CHECK(p != nullptr, ErrorCode::Device, "webgpu: the trace's mapped timestamps are null");
+  OpTimeTable table;
+  for (size_t i = 0; i < t.labels.size(); ++i) {
+    // An end below its start (a clock the driver does not keep monotonic) counts as 0.
+    table.add(t.labels[i], ns[2 * i + 1] > ns[2 * i] ? 1e-6 * static_cast<double>(ns[2 * i + 1] - ns[2 * i]) : 0.0);
+  }
+  table.print(stderr,
+              cat("kev-webgpu-trace pass ", ++t.passes, " ops: ", t.labels.size(), " dispatches",
+                  t.untimed > 0 ? cat(" (", t.untimed, " more untimed)") : std::string()),
+              "in the timed dispatches");
+  t.labels.clear();
+  t.untimed = 0;
   return Status::success();
 }
 

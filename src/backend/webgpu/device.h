@@ -24,6 +24,11 @@
 //   out-of-memory errors raised while recording or running arrive through the uncaptured-error callback
 //   and are returned, with the labels Dawn quotes (compute passes are labelled with the op), by the
 //   next flush(); a lost device makes every later call fail. Every wait has a timeout.
+// - KEV_WEBGPU_TRACE=ops: each dispatch runs in its own compute pass with timestamps at its start and
+//   end (Dawn's timestamp quantization turned off), the first kTraceDispatches of a flush; the flush
+//   resolves them with its last commands and, after its wait, prints their GPU times per op (kernel
+//   entry and workgroup count) to stderr. The GPU then also waits between dispatches that one pass
+//   would have let overlap, so a traced pass is slower than an untraced one.
 // - One Device is used from one thread at a time.
 #pragma once
 
@@ -175,6 +180,10 @@ class Device {
   Status submit();
   void end_pass();
   Status wait(WGPUFuture future, const char* what);
+  // KEV_WEBGPU_TRACE=ops (contracts above): the query set and buffers, or why there are none.
+  Status open_trace();
+  // Prints the timed dispatches of the flush that has just waited, and forgets them.
+  Status report_trace();
   Status take_error(const char* during);
 
   static void on_uncaptured_error(WGPUDevice const* device, WGPUErrorType type, WGPUStringView message, void* self,
@@ -220,6 +229,17 @@ class Device {
 
   WGPUBuffer readback_ = nullptr;
   uint64_t readback_size_ = 0;
+
+  static constexpr uint32_t kTraceDispatches = 2048;  // a query set holds at most 4,096 timestamps
+  struct DispatchTrace {
+    WGPUQuerySet queries = nullptr;
+    WGPUBuffer resolved = nullptr;    // QueryResolve | CopySrc
+    WGPUBuffer host = nullptr;        // MapRead | CopyDst
+    std::vector<std::string> labels;  // of the timed dispatches since the last flush
+    uint64_t untimed = 0;             // dispatches past kTraceDispatches since the last flush
+    uint64_t passes = 0;              // flushes reported
+  };
+  std::unique_ptr<DispatchTrace> trace_;
 
   mutable std::mutex error_mutex_;
   std::string error_;  // first uncaptured error since the last flush

@@ -142,8 +142,19 @@ struct ConvParams {
 };
 static_assert(sizeof(ConvParams) == 64);
 
+// A 3-D operand in a params struct: its first element in its binding, then its two outer strides
+// (the WGSL structs spell the three words out as <name>_off, <name>_st0, <name>_st1).
+struct Operand3 {
+  uint32_t off, st0, st1;
+};
+static_assert(sizeof(Operand3) == 12);
+
+Operand3 operand3(const Bound& b, const Tensor& t) { return {b.off, u32(t.stride[0]), u32(t.stride[1])}; }
+
 struct RopeParams {
-  uint32_t n, h, half, n_seqs, x_off, x_st0, x_st1, pad0;
+  uint32_t n, h, half, n_seqs;
+  Operand3 x;
+  uint32_t pad0;
 };
 static_assert(sizeof(RopeParams) == 32);
 
@@ -151,8 +162,8 @@ struct AttentionParams {
   uint32_t n_work, h, hkv, hd, ls;
   float scale;
   uint32_t gw, n_hchunks, max_splits, n, work_base, split_base;
-  uint32_t q_off, q_st0, q_st1, k_off, k_st0, k_st1, v_off, v_st0, v_st1, pk_off, pk_st0, pk_st1, pv_off, pv_st0,
-      pv_st1, o_off, o_st0, o_st1, pad2, pad3;
+  Operand3 q, k, v, pk, pv, o;
+  uint32_t pad2, pad3;
 };
 static_assert(sizeof(AttentionParams) == 128);
 
@@ -166,7 +177,9 @@ static_assert(sizeof(PointerParams) == 48);
 // The gated delta rule's shapes and operands (offsets, strides), first in the prep and short kernels'
 // parameters.
 struct GdnOperands {
-  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, k_off, k_st0, k_st1, v_off, v_st0, v_st1, g_off, g_st, b_off, b_st;
+  uint32_t hk, hv, dk, dv;
+  Operand3 q, k, v;
+  uint32_t g_off, g_st, b_off, b_st;
 };
 
 struct GdnPrepParams {
@@ -176,19 +189,24 @@ struct GdnPrepParams {
 static_assert(sizeof(GdnPrepParams) == 80);
 
 struct GdnRecurParams {
-  uint32_t hk, hv, dk, dv, k_off, k_st0, k_st1, si_off, so_off, has_state_in, has_state_out, n_seqs, n_slices, region,
-      pad0, pad1;
+  uint32_t hk, hv, dk, dv;
+  Operand3 k;
+  uint32_t si_off, so_off, has_state_in, has_state_out, n_seqs, n_slices, region, pad0, pad1;
 };
 static_assert(sizeof(GdnRecurParams) == 64);
 
 struct GdnShortParams {
   GdnOperands o;
-  uint32_t si_off, o_off, o_st0, o_st1, has_state_in, n_seqs, n_slices;
+  uint32_t si_off;
+  Operand3 out;
+  uint32_t has_state_in, n_seqs, n_slices;
 };
 static_assert(sizeof(GdnShortParams) == 96);
 
 struct GdnOutParams {
-  uint32_t hk, hv, dk, dv, q_off, q_st0, q_st1, o_off, o_st0, o_st1, n_chunks, chunk_base, n_slices, region, pad0, pad1;
+  uint32_t hk, hv, dk, dv;
+  Operand3 q, o;
+  uint32_t n_chunks, chunk_base, n_slices, region, pad0, pad1;
 };
 static_assert(sizeof(GdnOutParams) == 64);
 
@@ -701,9 +719,7 @@ Status WebGpuBackend::rope(const Tensor& x, const SeqLayout& layout, int64_t n_r
   p.h = u32(H);
   p.half = u32(half);
   p.n_seqs = u32(layout.n_seqs());
-  p.x_off = bx.off;
-  p.x_st0 = u32(x.stride[0]);
-  p.x_st1 = u32(x.stride[1]);
+  p.x = operand3(bx, x);
   return dispatch(kOp, kRope, &p, sizeof p, {bt, offsets, bx.b}, ceil_div(x.shape[0] * H * half, kGroup));
 }
 
@@ -800,26 +816,14 @@ Status WebGpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& 
   p.n = u32(n);
   p.work_base = u32(work_base);
   p.split_base = u32(split_base);
-  p.q_off = bq.off;
-  p.q_st0 = u32(q.stride[0]);
-  p.q_st1 = u32(q.stride[1]);
-  p.k_off = bk.off;
-  p.k_st0 = u32(k.stride[0]);
-  p.k_st1 = u32(k.stride[1]);
-  p.v_off = bv.off;
-  p.v_st0 = u32(v.stride[0]);
-  p.v_st1 = u32(v.stride[1]);
+  p.q = operand3(bq, q);
+  p.k = operand3(bk, k);
+  p.v = operand3(bv, v);
   if (use_prefix) {
-    p.pk_off = bpk.off;
-    p.pk_st0 = u32(prefix_k.stride[0]);
-    p.pk_st1 = u32(prefix_k.stride[1]);
-    p.pv_off = bpv.off;
-    p.pv_st0 = u32(prefix_v.stride[0]);
-    p.pv_st1 = u32(prefix_v.stride[1]);
+    p.pk = operand3(bpk, prefix_k);
+    p.pv = operand3(bpv, prefix_v);
   }
-  p.o_off = bo.off;
-  p.o_st0 = u32(out.stride[0]);
-  p.o_st1 = u32(out.stride[1]);
+  p.o = operand3(bo, out);
   KEV_TRY(dispatch(kOp, kAttention, &p, sizeof p, {bq.b, bk.b, bv.b, bpk.b, bpv.b, bt, bo.b, part},
                    work.size() * static_cast<uint64_t>(per_item)));
   if (max_splits == 1) return Status::success();
@@ -887,15 +891,9 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   go.hv = u32(Hv);
   go.dk = u32(dk);
   go.dv = u32(dv);
-  go.q_off = bq.off;
-  go.q_st0 = u32(q.stride[0]);
-  go.q_st1 = u32(q.stride[1]);
-  go.k_off = bk.off;
-  go.k_st0 = u32(k.stride[0]);
-  go.k_st1 = u32(k.stride[1]);
-  go.v_off = bv.off;
-  go.v_st0 = u32(v.stride[0]);
-  go.v_st1 = u32(v.stride[1]);
+  go.q = operand3(bq, q);
+  go.k = operand3(bk, k);
+  go.v = operand3(bv, v);
   go.g_off = bg.off;
   go.g_st = u32(g.stride[0]);
   go.b_off = bbeta.off;
@@ -908,9 +906,7 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
     GdnShortParams sp{};
     sp.o = go;
     sp.si_off = bs.off;
-    sp.o_off = bo.off;
-    sp.o_st0 = u32(out.stride[0]);
-    sp.o_st1 = u32(out.stride[1]);
+    sp.out = operand3(bo, out);
     sp.has_state_in = layout.from_prefix ? 1 : 0;
     sp.n_seqs = u32(R);
     sp.n_slices = u32(ceil_div(dv, kShortSlice));
@@ -961,9 +957,7 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   rp.hv = u32(Hv);
   rp.dk = u32(dk);
   rp.dv = u32(dv);
-  rp.k_off = bk.off;
-  rp.k_st0 = go.k_st0;
-  rp.k_st1 = go.k_st1;
+  rp.k = go.k;
   rp.n_slices = u32(ceil_div(dv, kRecurSlice));
   rp.region = u32(region);
   GdnOutParams op{};
@@ -971,12 +965,8 @@ Status WebGpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const T
   op.hv = u32(Hv);
   op.dk = u32(dk);
   op.dv = u32(dv);
-  op.q_off = bq.off;
-  op.q_st0 = go.q_st0;
-  op.q_st1 = go.q_st1;
-  op.o_off = bo.off;
-  op.o_st0 = u32(out.stride[0]);
-  op.o_st1 = u32(out.stride[1]);
+  op.q = go.q;
+  op.o = operand3(bo, out);
   op.n_slices = u32(ceil_div(dv, kOutSlice));
   op.region = u32(region);
 

@@ -10,7 +10,11 @@
 // j ≡ lid (mod 64), then workgroup_sum (reduce_subgroups.wgsl: subgroupAdd and one barrier where the
 // device's subgroups allow, else reduce_workgroup.wgsl's tree in workgroup memory). FP32 throughout.
 // (64, not 256: the model's rows are 32..2560 long, and short rows would leave most of a wider
-// workgroup idle.)
+// workgroup idle.) An invocation walks its elements in runs of RUN: a run's loads are all issued
+// before the run's values are used, so a 1,024-float row costs one memory latency per invocation, not
+// 16 (a question-row pass has only ~200 rows, too few workgroups to hide them); loads past the row's
+// end read its last element, unused, so that a run's loads need no branch; the sums still add the
+// elements in j order, so the results are those of a plain loop.
 // add_rms_norm: each invocation writes x + y for its j and reads back only its own elements, so the
 // second pass needs no barrier beyond the reduction's; out and y never alias x (the host checks).
 
@@ -29,12 +33,21 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> w: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
+const RUN: u32 = 16u;  // elements an invocation loads before using them
+
 // Σ x² over the row starting at xb, shared by all invocations of the workgroup.
 fn row_sum_squares(xb: u32, lid: u32) -> f32 {
   var s = 0.0;
-  for (var j = lid; j < p.d; j += 64u) {
-    let v = x[xb + j];
-    s += v * v;
+  for (var j0 = lid; j0 < p.d; j0 += 64u * RUN) {
+    var v: array<f32, RUN>;
+    for (var u = 0u; u < RUN; u++) {
+      v[u] = x[xb + min(j0 + 64u * u, p.d - 1u)];
+    }
+    for (var u = 0u; u < RUN; u++) {
+      if (j0 + 64u * u < p.d) {
+        s += v[u] * v[u];
+      }
+    }
   }
   return workgroup_sum(s, lid);
 }
@@ -65,14 +78,35 @@ fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   let yb = p.z_off + row_offset3(r, p.s1, p.s2, p.z_st.xyz);
   let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
   var s = 0.0;
-  for (var j = lid; j < p.d; j += 64u) {
-    let v = x[xb + j] + z[yb + j];
-    x[xb + j] = v;
-    s += v * v;
+  for (var j0 = lid; j0 < p.d; j0 += 64u * RUN) {
+    var v: array<f32, RUN>;
+    for (var u = 0u; u < RUN; u++) {
+      let j = min(j0 + 64u * u, p.d - 1u);
+      v[u] = x[xb + j] + z[yb + j];
+    }
+    for (var u = 0u; u < RUN; u++) {
+      let j = j0 + 64u * u;
+      if (j < p.d) {
+        x[xb + j] = v[u];
+        s += v[u] * v[u];
+      }
+    }
   }
   let inv = 1.0 / sqrt(workgroup_sum(s, lid) / f32(p.d) + p.eps);
-  for (var j = lid; j < p.d; j += 64u) {
-    out[ob + j] = x[xb + j] * inv * (1.0 + w[p.w_off + j]);
+  for (var j0 = lid; j0 < p.d; j0 += 64u * RUN) {
+    var v: array<f32, RUN>;
+    var g: array<f32, RUN>;
+    for (var u = 0u; u < RUN; u++) {
+      let j = min(j0 + 64u * u, p.d - 1u);
+      v[u] = x[xb + j];
+      g[u] = w[p.w_off + j];
+    }
+    for (var u = 0u; u < RUN; u++) {
+      let j = j0 + 64u * u;
+      if (j < p.d) {
+        out[ob + j] = v[u] * inv * (1.0 + g[u]);
+      }
+    }
   }
 }
 

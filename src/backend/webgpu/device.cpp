@@ -827,18 +827,8 @@ Status Device::open_trace() {
 Status Device::report_trace() {
   DispatchTrace& t = *trace_;
   const uint64_t bytes = 16 * uint64_t{t.labels.size()};
-  MapReply mapped;
-  WGPUBufferMapCallbackInfo cb = WGPU_BUFFER_MAP_CALLBACK_INFO_INIT;
-  cb.mode = WGPUCallbackMode_WaitAnyOnly;
-  cb.callback = on_map;
-  cb.userdata1 = &mapped;
-  KEV_TRY(wait(wgpuBufferMapAsync(t.host, WGPUMapMode_Read, 0, bytes, cb), "the trace's timestamps"));
-  KEV_CHECK(mapped.ok, ErrorCode::Device, "webgpu: mapping the trace's timestamps failed: ", mapped.message);
   std::vector<uint64_t> ns(2 * t.labels.size());
-  const void* p = wgpuBufferGetConstMappedRange(t.host, 0, bytes);
-  if (p != nullptr) std::memcpy(ns.data(), p, bytes);
-  wgpuBufferUnmap(t.host);
-  KEV_CHECK(p != nullptr, ErrorCode::Device, "webgpu: the trace's mapped timestamps are null");
+  KEV_TRY(copy_mapped(t.host, bytes, 0, bytes, ns.data(), "the trace's timestamps"));
   OpTimeTable table;
   for (size_t i = 0; i < t.labels.size(); ++i) {
     // An end below its start (a clock the driver does not keep monotonic) counts as 0.
@@ -866,21 +856,24 @@ Status Device::read(WGPUBuffer src, uint64_t offset, uint64_t bytes, void* dst) 
   }
   KEV_TRY(copy(Binding{src, begin, end - begin}, readback_, 0));
   KEV_TRY(flush());
+  KEV_TRY(copy_mapped(readback_, end - begin, offset - begin, bytes, dst, "the readback buffer"));
+  return take_error("reading back a buffer");
+}
+
+Status Device::copy_mapped(WGPUBuffer b, uint64_t mapped_bytes, uint64_t from, uint64_t bytes, void* dst,
+                           const char* what) {
   MapReply mapped;
   WGPUBufferMapCallbackInfo cb = WGPU_BUFFER_MAP_CALLBACK_INFO_INIT;
   cb.mode = WGPUCallbackMode_WaitAnyOnly;
   cb.callback = on_map;
   cb.userdata1 = &mapped;
-  KEV_TRY(wait(wgpuBufferMapAsync(readback_, WGPUMapMode_Read, 0, end - begin, cb), "a buffer map"));
-  KEV_CHECK(mapped.ok, ErrorCode::Device, "webgpu: mapping the readback buffer failed: ", mapped.message);
-  const void* p = wgpuBufferGetConstMappedRange(readback_, 0, end - begin);
-  if (!p) {
-    wgpuBufferUnmap(readback_);
-    return Status(ErrorCode::Device, "webgpu: the mapped readback range is null");
-  }
-  std::memcpy(dst, static_cast<const char*>(p) + (offset - begin), bytes);
-  wgpuBufferUnmap(readback_);
-  return take_error("reading back a buffer");
+  KEV_TRY(wait(wgpuBufferMapAsync(b, WGPUMapMode_Read, 0, mapped_bytes, cb), what));
+  KEV_CHECK(mapped.ok, ErrorCode::Device, "webgpu: mapping ", what, " failed: ", mapped.message);
+  const void* p = wgpuBufferGetConstMappedRange(b, 0, mapped_bytes);
+  if (p != nullptr) std::memcpy(dst, static_cast<const char*>(p) + from, bytes);
+  wgpuBufferUnmap(b);
+  KEV_CHECK(p != nullptr, ErrorCode::Device, "webgpu: the mapped range of ", what, " is null");
+  return Status::success();
 }
 
 }  // namespace kev::webgpu

@@ -184,6 +184,10 @@ class Device {
   Status open_trace();
   // Prints the timed dispatches of the flush that has just waited, and forgets them.
   Status report_trace();
+  // Maps [0, mapped_bytes) of a MapRead buffer (`what` names it in errors), copies `bytes` from byte
+  // `from` to dst, and unmaps it.
+  Status copy_mapped(WGPUBuffer b, uint64_t mapped_bytes, uint64_t from, uint64_t bytes, void* dst,
+                     const char* what);
   Status take_error(const char* during);
 
   static void on_uncaptured_error(WGPUDevice const* device, WGPUErrorType type, WGPUStringView message, void* self,

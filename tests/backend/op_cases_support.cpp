@@ -169,6 +169,11 @@ void add_conv(std::vector<OpCase>& cases) {
       {128, {0, 4, 9}, false, false, 0},      // an empty sequence in the pack
   };
   for (const C& cc : table) cases.push_back(conv_case(cc.C, 4, cc.seqs, cc.prefix, cc.state_out, cc.x_pad));
+  // Channels not a multiple of 4 (kernels that take channels four at a time mask the last group), and
+  // kernel sizes other than the model's 4 (WebGPU's generic tap loop).
+  cases.push_back(conv_case(258, 4, {5, 0, 30, 1}, true, false, 0));
+  cases.push_back(conv_case(66, 6, {3, 20}, true, false, 0));
+  cases.push_back(conv_case(30, 3, {9}, false, true, 0));
 }
 
 // ---- gated delta rule ---------------------------------------------------------------------------

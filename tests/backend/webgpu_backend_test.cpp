@@ -173,18 +173,21 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 // ---- subgroups ------------------------------------------------------------------------------------
 // The row reductions (norms, pointer head) take reduce_subgroups.wgsl's workgroup_sum where the
-// device's subgroups pass its layout check, else reduce_workgroup.wgsl's tree. The default backend
-// runs whichever the adapter allows (lavapipe: subgroups of 8); every case of those ops also runs on a
-// backend with subgroups turned off, so both variants are checked against the CPU on one adapter.
-bool has_subgroup_variant(OpKind k) {
+// device's subgroups pass its layout check, else reduce_workgroup.wgsl's tree, and the question rows'
+// gated delta rule its quad_sum2 (shuffles, else workgroup memory). The default backend runs whichever
+// the adapter allows (lavapipe: subgroups of 8); every case of those ops (for the gated delta rule, its
+// question-row cases: the op table's `rows` and GdnEdges' `rows_*`) also runs on a backend with
+// subgroups turned off, so both variants are checked against the CPU on one adapter.
+bool has_subgroup_variant(const OpCase& c) {
+  const OpKind k = c.kind;
   return k == OpKind::RmsNorm || k == OpKind::AddRmsNorm || k == OpKind::L2Norm || k == OpKind::RmsNormGated ||
-         k == OpKind::PointerLogits;
+         k == OpKind::PointerLogits || (k == OpKind::GatedDeltaRule && c.params.rfind("rows,", 0) == 0);
 }
 
 std::vector<size_t> subgroup_variant_cases() {
   std::vector<size_t> idx;
   for (size_t i = 0; i < all_op_cases().size(); ++i) {
-    if (has_subgroup_variant(all_op_cases()[i].kind)) idx.push_back(i);
+    if (has_subgroup_variant(all_op_cases()[i])) idx.push_back(i);
   }
   return idx;
 }
@@ -641,14 +644,33 @@ const GdnEdge kGdnEdges[] = {
 
 class GdnEdges : public ::testing::TestWithParam<size_t> {};
 
+OpCase gdn_edge_case(const GdnEdge& e) {
+  OpCase c = gdn_case(std::string(e.name) + ",", {e.Hk, e.Hv, e.dk, e.dv}, e.seqs, e.from_state, e.state_out);
+  if (e.spiky) c.args[3].init = spiky_log_decay();
+  return c;
+}
+
 TEST_P(GdnEdges, MatchReference) {
   REQUIRE_WEBGPU(shared);
   const GdnEdge& e = kGdnEdges[GetParam()];
   const std::shared_ptr<Backend> gpu = with_binding_limit(shared, e.binding_limit);
   ASSERT_TRUE(gpu);
-  OpCase c = gdn_case(std::string(e.name) + ",", {e.Hk, e.Hv, e.dk, e.dv}, e.seqs, e.from_state, e.state_out);
-  if (e.spiky) c.args[3].init = spiky_log_decay();
-  expect_matches_reference(c, *gpu);
+  expect_matches_reference(gdn_edge_case(e), *gpu);
+}
+
+// The question-row edges with quad_sum2 through workgroup memory (subgroups off; see OpWithoutSubgroups).
+TEST(WebGpu, GdnRowEdgesWithoutSubgroups) {
+  REQUIRE_WEBGPU(unused);
+  const std::shared_ptr<Backend> gpu = webgpu_without_subgroups();
+  ASSERT_TRUE(gpu);
+  int rows_cases = 0;
+  for (const GdnEdge& e : kGdnEdges) {
+    if (std::string(e.name).rfind("rows_", 0) != 0) continue;
+    SCOPED_TRACE(e.name);
+    expect_matches_reference(gdn_edge_case(e), *gpu);
+    ++rows_cases;
+  }
+  EXPECT_EQ(rows_cases, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(WebGpu, GdnEdges, ::testing::Range<size_t>(0, std::size(kGdnEdges)),

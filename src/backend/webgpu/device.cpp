@@ -549,7 +549,7 @@ Result<bool> Device::compiles(const std::string& code) {
 }
 
 Result<std::string> Device::check_subgroups() {
-  constexpr uint32_t kInvocations = 64;  // reduce_subgroups.wgsl's workgroup
+  constexpr uint32_t kInvocations = 256;  // subgroup_check.wgsl's workgroup
   const KernelSpec check{"subgroup_check", "check", 1};
   has_subgroups_ = true;  // builds the check under `enable subgroups;`
   std::vector<uint32_t> ok(kInvocations, 0);
@@ -571,7 +571,7 @@ Result<std::string> Device::check_subgroups() {
   const auto bad = std::find(ok.begin(), ok.end(), 0u);
   if (bad == ok.end()) return std::string();
   return cat("invocation ", bad - ok.begin(), " of a ", kInvocations,
-             "-invocation workgroup is not in a full subgroup of consecutive indices");
+             "-invocation workgroup is not in a full subgroup of 4 to 64 consecutive indices");
 }
 
 Status Device::ensure_encoder() {

@@ -64,7 +64,11 @@
 // masked to 0..15 (row_quad; 0..7 in matmul_wide_split), so every shared read index of the k loop is
 // provably in range and needs no robustness clamp.
 // All issue the next step's global loads before the current step's FMAs (register prefetch), so
-// the load latency overlaps the arithmetic.
+// the load latency overlaps the arithmetic. The tiled ones' 16 k rows a step are written out
+// (block8_k16, wide_k16), not looped. Measured on the H200 and dropped (2026-12-03): loads two steps
+// ahead in matmul_wide and matmul_wide_split (two register sets: no gain, 220 × 1,024 × 7,168 0.21 →
+// 0.23 ms); loads past the piece at a clamped k zeroed by a select instead of the branch in
+// load_x / load_w (2,187 × 3,584 × 1,024 0.62 → 0.66–0.70 ms).
 // Split-K: the host cuts k into `pieces` ranges of k_piece (a multiple of 16; the last one shorter)
 // chosen from the weight's shape alone (ops.cpp). One dispatch of `matmul_wide_split` then covers
 // every piece: workgroup lin computes tile lin % tiles over piece lin / tiles and stores the partial
@@ -263,6 +267,37 @@ fn zero_block8() -> Block8 {
   return Block8(zero_block4(), zero_block4(), zero_block4(), zero_block4());
 }
 
+// k row kk of an 8×8 block's tiles (x rows of xq quads, its second row quad xoff further; w rows of
+// 32 quads, the second column quad 16 further; both swizzled).
+fn block8_kk(a: Block8, kk: u32, xq: u32, xoff: u32, ty: u32, tx: u32) -> Block8 {
+  let s = kk & 7u;
+  let xb = kk * xq + (ty ^ s);
+  let wb = kk * 32u + (tx ^ s);
+  return fma8(a, xs[xb], xs[xb + xoff], ws[wb], ws[wb + 16u]);
+}
+
+// A k step (KT = 16 rows) of an 8×8 block, written out: the H200's Vulkan compiler schedules these
+// constant-index shared loads and FMAs better than the same steps as a loop (H200, 2026-12-03: 4096³
+// 4.23–4.28 → 3.94–3.96 ms, 2,187 × 2,048 × 1,024 0.40–0.41 → 0.36; docs/backends.md).
+fn block8_k16(a0: Block8, xq: u32, xoff: u32, ty: u32, tx: u32) -> Block8 {
+  var a = block8_kk(a0, 0u, xq, xoff, ty, tx);
+  a = block8_kk(a, 1u, xq, xoff, ty, tx);
+  a = block8_kk(a, 2u, xq, xoff, ty, tx);
+  a = block8_kk(a, 3u, xq, xoff, ty, tx);
+  a = block8_kk(a, 4u, xq, xoff, ty, tx);
+  a = block8_kk(a, 5u, xq, xoff, ty, tx);
+  a = block8_kk(a, 6u, xq, xoff, ty, tx);
+  a = block8_kk(a, 7u, xq, xoff, ty, tx);
+  a = block8_kk(a, 8u, xq, xoff, ty, tx);
+  a = block8_kk(a, 9u, xq, xoff, ty, tx);
+  a = block8_kk(a, 10u, xq, xoff, ty, tx);
+  a = block8_kk(a, 11u, xq, xoff, ty, tx);
+  a = block8_kk(a, 12u, xq, xoff, ty, tx);
+  a = block8_kk(a, 13u, xq, xoff, ty, tx);
+  a = block8_kk(a, 14u, xq, xoff, ty, tx);
+  return block8_kk(a, 15u, xq, xoff, ty, tx);
+}
+
 // matmul's workgroup: tile `tile` over piece pc.
 fn matmul_tile(pc: Piece, tile: u32, lid: u32) {
   let t = tile128(tile, lid);
@@ -277,12 +312,7 @@ fn matmul_tile(pc: Piece, tile: u32, lid: u32) {
     if (k0 + KT < pc.k_len) {
       pre = load128(pc, t, k0 + KT);
     }
-    for (var kk = 0u; kk < KT; kk++) {
-      let s = kk & 7u;
-      let base = kk * 32u;
-      acc = fma8(acc, xs[base + (t.ty ^ s)], xs[base + 16u + (t.ty ^ s)], ws[base + (t.tx ^ s)],
-                 ws[base + 16u + (t.tx ^ s)]);
-    }
+    acc = block8_k16(acc, 32u, 16u, t.ty, t.tx);
     workgroupBarrier();
   }
   store_block8(pc, t, acc);
@@ -336,15 +366,43 @@ fn matmul_wide_tile(pc: Piece, tile: u32, lid: u32) -> Block8 {
       pw2 = load_w(pc, colt0 + 64u + 4u * q, l);
       pw3 = load_w(pc, colt0 + 96u + 4u * q, l);
     }
-    for (var kk = 0u; kk < KT; kk++) {
-      let s = kk & 7u;
-      let xb = kk * 16u;
-      let wb = kk * 32u;
-      acc = fma8(acc, xs[xb + (ty ^ s)], xs[xb + 8u + (ty ^ s)], ws[wb + (tx ^ s)], ws[wb + 16u + (tx ^ s)]);
-    }
+    acc = block8_k16(acc, 16u, 8u, ty, tx);
     workgroupBarrier();
   }
   return acc;
+}
+
+// matmul_wide's accumulators: columns 4·tx..+3 (lo) and 64 + 4·tx..+3 (hi) of rows 4·ty..+3.
+struct Wide {
+  lo: Block4, hi: Block4,
+}
+
+// k row kk of matmul_wide's tiles: x quad ty, w quads tx and tx + 16 (swizzled).
+fn wide_kk(a: Wide, kk: u32, ty: u32, tx: u32) -> Wide {
+  let s = kk & 7u;
+  let xv = xs[kk * 16u + (ty ^ s)];
+  let wb = kk * 32u;
+  return Wide(fma4(a.lo, xv, ws[wb + (tx ^ s)]), fma4(a.hi, xv, ws[wb + 16u + (tx ^ s)]));
+}
+
+// A k step of matmul_wide written out (see block8_k16).
+fn wide_k16(a0: Wide, ty: u32, tx: u32) -> Wide {
+  var a = wide_kk(a0, 0u, ty, tx);
+  a = wide_kk(a, 1u, ty, tx);
+  a = wide_kk(a, 2u, ty, tx);
+  a = wide_kk(a, 3u, ty, tx);
+  a = wide_kk(a, 4u, ty, tx);
+  a = wide_kk(a, 5u, ty, tx);
+  a = wide_kk(a, 6u, ty, tx);
+  a = wide_kk(a, 7u, ty, tx);
+  a = wide_kk(a, 8u, ty, tx);
+  a = wide_kk(a, 9u, ty, tx);
+  a = wide_kk(a, 10u, ty, tx);
+  a = wide_kk(a, 11u, ty, tx);
+  a = wide_kk(a, 12u, ty, tx);
+  a = wide_kk(a, 13u, ty, tx);
+  a = wide_kk(a, 14u, ty, tx);
+  return wide_kk(a, 15u, ty, tx);
 }
 
 // matmul_wide's workgroup: invocation lid owns rows 4·ty..+3 (ty = lid / 16) and columns
@@ -371,8 +429,7 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   var px = load_x(pc, row0 + 4u * q, kk_load);
   var pw0 = load_w(pc, colt0 + 4u * q, kk_load);
   var pw1 = load_w(pc, colt0 + 64u + 4u * q, kk_load);
-  var lo = zero_block4();
-  var hi = zero_block4();
+  var acc = Wide(zero_block4(), zero_block4());
   for (var k0 = 0u; k0 < pc.k_len; k0 += KT) {
     xs[stx] = px;
     ws[stw] = pw0;
@@ -384,17 +441,11 @@ fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
       pw0 = load_w(pc, colt0 + 4u * q, l);
       pw1 = load_w(pc, colt0 + 64u + 4u * q, l);
     }
-    for (var kk = 0u; kk < KT; kk++) {
-      let s = kk & 7u;
-      let xv = xs[kk * 16u + (ty ^ s)];
-      let wb = kk * 32u;
-      lo = fma4(lo, xv, ws[wb + (tx ^ s)]);
-      hi = fma4(hi, xv, ws[wb + 16u + (tx ^ s)]);
-    }
+    acc = wide_k16(acc, ty, tx);
     workgroupBarrier();
   }
-  store_block4(pc.o_base, row0 + 4u * ty, colt0 + 4u * tx, lo);
-  store_block4(pc.o_base, row0 + 4u * ty, colt0 + 64u + 4u * tx, hi);
+  store_block4(pc.o_base, row0 + 4u * ty, colt0 + 4u * tx, acc.lo);
+  store_block4(pc.o_base, row0 + 4u * ty, colt0 + 64u + 4u * tx, acc.hi);
 }
 
 @compute @workgroup_size(128)

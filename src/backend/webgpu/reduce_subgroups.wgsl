@@ -1,5 +1,6 @@
 // Row sums of the 64-invocation kernels (norms, pointer head) with subgroups: subgroupAdd within each
-// subgroup, one barrier, then the subgroups' totals summed in subgroup order. Prepended (under
+// subgroup, one barrier, then the subgroups' totals summed in subgroup order; and quad sums (the
+// question rows' gated delta rule) by two xor shuffles. Prepended (under
 // `enable subgroups;`) to every kernel file on devices whose subgroups passed subgroup_check.wgsl
 // (run on its own pipeline; the layout it finds is taken to hold for every pipeline of the device):
 // full subgroups of consecutive invocation indices, starting at multiples of the size, which may be
@@ -23,4 +24,13 @@ fn workgroup_sum(s: f32, lid: u32) -> f32 {
     total += subgroup_totals[i];
   }
   return total;
+}
+
+// The sums of x over the four invocations 4⌊lid/4⌋ .. +3, returned to all four: (x₀ + x₁) + (x₂ + x₃)
+// on every lane (float addition commutes, so the xor partners' sums agree bit for bit), as
+// reduce_workgroup.wgsl's version computes it. Called from uniform control flow in a 256-invocation
+// workgroup (subgroups of at least 4 consecutive indices: the device's check).
+fn quad_sum2(x: vec2<f32>, lid: u32) -> vec2<f32> {
+  let pair = x + subgroupShuffleXor(x, 1u);
+  return pair + subgroupShuffleXor(pair, 2u);
 }

@@ -1,6 +1,7 @@
 // Row sums of the 64-invocation kernels (norms, pointer head) without subgroups: a tree reduction in
-// workgroup memory (six barriers). Prepended to every kernel file on devices where the subgroup
-// variant (reduce_subgroups.wgsl) is not used; the two define the same workgroup_sum.
+// workgroup memory (six barriers); and quad sums through workgroup memory (two barriers). Prepended to
+// every kernel file on devices where the subgroup variant (reduce_subgroups.wgsl) is not used; the two
+// define the same workgroup_sum and quad_sum2.
 
 var<workgroup> partials: array<f32, 64>;
 
@@ -16,4 +17,17 @@ fn workgroup_sum(s: f32, lid: u32) -> f32 {
     workgroupBarrier();
   }
   return partials[0];
+}
+
+var<workgroup> quad_parts: array<vec2<f32>, 256>;
+
+// The sums of x over the four invocations 4⌊lid/4⌋ .. +3, returned to all four, as (x₀ + x₁) + (x₂ + x₃)
+// (reduce_subgroups.wgsl's bits); called from uniform control flow in a 256-invocation workgroup.
+fn quad_sum2(x: vec2<f32>, lid: u32) -> vec2<f32> {
+  quad_parts[lid] = x;
+  workgroupBarrier();
+  let b = lid & ~3u;
+  let sum = (quad_parts[b] + quad_parts[b + 1u]) + (quad_parts[b + 2u] + quad_parts[b + 3u]);
+  workgroupBarrier();
+  return sum;
 }

@@ -50,6 +50,7 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;
 
 const NC: u32 = 64u;   // state columns per workgroup
+const WG: u32 = 256u;  // invocations per workgroup, 4 per state column
 const D4: u32 = 32u;   // vec4 rows of a staged k or q row (dk <= 128)
 const M4: u32 = 8u;    // vec4 rows of the state per invocation (D4 / 4 lanes)
 const TB: u32 = 8u;    // tokens per batch
@@ -80,8 +81,8 @@ fn qk_quad(from_q: bool, at: u32, m: u32) -> vec4<f32> {
   return select(vec4<f32>(0.0), x, vec4<u32>(i, i + 1u, i + 2u, i + 3u) < vec4<u32>(p.dk));
 }
 
-// What one invocation stages for a batch: k quads lid and lid + 256 (< (TB + 1)·D4) of [TB + 1][D4],
-// q quad lid of [TB][D4], v entries lid and lid + 256 of [TB][NC], and (lid < TB) the α and β of
+// What one invocation stages for a batch: k quads lid and lid + WG (< (TB + 1)·D4) of [TB + 1][D4],
+// q quad lid of [TB][D4], v entries lid and lid + WG of [TB][NC], and (lid < TB) the α and β of
 // token lid.
 struct Batch {
   k0: vec4<f32>, k1: vec4<f32>, q0: vec4<f32>,
@@ -119,19 +120,19 @@ fn v_or_zero(wk: Walk, tb: u32, x: u32) -> f32 {
 
 fn load_batch(wk: Walk, tb: u32, lid: u32) -> Batch {
   let tok = token_at(wk, tb, lid % TB);  // α and β: stored by invocations lid < TB
-  return Batch(qk_or_zero(false, wk, tb, lid), qk_or_zero(false, wk, tb, min(lid + 256u, (TB + 1u) * D4 - 1u)),
-               qk_or_zero(true, wk, tb, lid), v_or_zero(wk, tb, lid), v_or_zero(wk, tb, lid + 256u),
+  return Batch(qk_or_zero(false, wk, tb, lid), qk_or_zero(false, wk, tb, min(lid + WG, (TB + 1u) * D4 - 1u)),
+               qk_or_zero(true, wk, tb, lid), v_or_zero(wk, tb, lid), v_or_zero(wk, tb, lid + WG),
                exp(g[p.g_off + tok * p.g_st + wk.h]), beta[p.b_off + tok * p.b_st + wk.h]);
 }
 
 fn store_batch(b: Batch, lid: u32) {
   k_sh[lid] = b.k0;
-  if (lid + 256u < (TB + 1u) * D4) {
-    k_sh[lid + 256u] = b.k1;
+  if (lid + WG < (TB + 1u) * D4) {
+    k_sh[lid + WG] = b.k1;
   }
   q_sh[lid] = b.q0;
   v_sh[lid] = b.v0;
-  v_sh[lid + 256u] = b.v1;
+  v_sh[lid + WG] = b.v1;
   if (lid < TB) {
     alpha_sh[lid] = b.alpha;
     beta_sh[lid] = b.beta;
@@ -142,7 +143,7 @@ fn hsum(x: vec4<f32>) -> f32 {
   return (x.x + x.y) + (x.z + x.w);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn short_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
   let item = linear_group(wid, nwg);

@@ -174,7 +174,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 // ---- subgroups ------------------------------------------------------------------------------------
 // The row reductions (norms, pointer head) take reduce_subgroups.wgsl's workgroup_sum where the
 // device's subgroups pass its layout check, else reduce_workgroup.wgsl's tree, and the question rows'
-// gated delta rule its quad_sum2 (shuffles, else workgroup memory). The default backend runs whichever
+// gated delta rule its group8_sum (shuffles, else workgroup memory). The default backend runs whichever
 // the adapter allows (lavapipe: subgroups of 8); every case of those ops (for the gated delta rule, its
 // question-row cases: the op table's `rows` and GdnEdges' `rows_*`) also runs on a backend with
 // subgroups turned off, so both variants are checked against the CPU on one adapter.
@@ -658,7 +658,7 @@ TEST_P(GdnEdges, MatchReference) {
   expect_matches_reference(gdn_edge_case(e), *gpu);
 }
 
-// The question-row edges with quad_sum2 through workgroup memory (subgroups off; see OpWithoutSubgroups).
+// The question-row edges with group8_sum through workgroup memory (subgroups off; see OpWithoutSubgroups).
 TEST(WebGpu, GdnRowEdgesWithoutSubgroups) {
   REQUIRE_WEBGPU(unused);
   const std::shared_ptr<Backend> gpu = webgpu_without_subgroups();

@@ -293,8 +293,14 @@ cudaError_t launch_short_dk(const GdnArgs& a, cudaStream_t stream) {
 // 19.0 / 19.9 → 18.3 / 18.3; 4B 6 × 37 through this kernel 31.2 / 31.7 against the rows kernels' 30.8 /
 // 31.8 (and 4B cached evaluation 6.28 / 6.27 / 6.03 against 6.21 / 6.21 / 6.20 ms), so the rule stays.
 // Eight lanes per column pair (256-thread blocks, dk / 8 rows a lane, a third shuffle) was slower at
-// every shape (0.8B 2 × 37 20.5, 6 × 37 29.6; 4B 4 × 37 29.5 µs). Depends on shapes, n_seqs and the
-// SM count only (CUDA graph replay).
+// every shape (0.8B 2 × 37 20.5, 6 × 37 29.6; 4B 4 × 37 29.5 µs). Four columns a lane over groups of
+// eight lanes (dk / 8 rows each: a row's k and q read by 16 lane groups a block instead of 32, then a
+// reduce-scatter of the 8 sums over three shuffles and the update weights broadcast by four; 114
+// registers) was no faster (2026-12-07, H100, two rounds against this kernel in one run, µs: 0.8B
+// 6 × 37 25.3 / 24.2 → 25.9 / 25.7, 4B 4 × 37 25.5 / 24.4 → 26.0 / 25.9, 0.8B 2 × 37 18.0 / 18.2 →
+// 18.5 / 18.4, 4B 1 × 37 19.2 / 19.4 → 19.8 / 19.8; 4B 6 × 37 through it 33.2 / 33.1 against the rows
+// kernels' 32.6 / 30.9), so halving the shared-memory reads is not what this kernel waits on. Depends
+// on shapes, n_seqs and the SM count only (CUDA graph replay).
 bool short_pass(const GdnArgs& a) {
   if (!a.short_seqs) return false;
   if (a.state_out != nullptr) return true;

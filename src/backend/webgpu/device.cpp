@@ -571,7 +571,7 @@ Result<std::string> Device::check_subgroups() {
   const auto bad = std::find(ok.begin(), ok.end(), 0u);
   if (bad == ok.end()) return std::string();
   return cat("invocation ", bad - ok.begin(), " of a ", kInvocations,
-             "-invocation workgroup is not in a full subgroup of 4 to 64 consecutive indices");
+             "-invocation workgroup is not in a full subgroup of 8 to 64 consecutive indices");
 }
 
 Status Device::ensure_encoder() {

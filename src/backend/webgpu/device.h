@@ -171,7 +171,7 @@ class Device {
   // Whether `code` compiles as a shader module on this device (the WGSL extensions it enables).
   Result<bool> compiles(const std::string& code);
   // Runs subgroup_check.wgsl: "" when every subgroup of a 256-invocation workgroup is full and holds
-  // 4 to 64 consecutive invocation indices (what reduce_subgroups.wgsl assumes; WGSL leaves the mapping
+  // 8 to 64 consecutive invocation indices (what reduce_subgroups.wgsl assumes; WGSL leaves the mapping
   // to the implementation), else why not.
   Result<std::string> check_subgroups();
   Result<WGPUBindGroupLayout> layout_for(uint32_t n_storage);

@@ -1,14 +1,14 @@
 // Row sums of the 64-invocation kernels (norms, pointer head) with subgroups: subgroupAdd within each
-// subgroup, one barrier, then the subgroups' totals summed in subgroup order; and quad sums (the
-// question rows' gated delta rule) by two xor shuffles. Prepended (under
+// subgroup, one barrier, then the subgroups' totals summed in subgroup order; and the sums over groups
+// of 8 lanes (the question rows' gated delta rule) by three xor shuffles. Prepended (under
 // `enable subgroups;`) to every kernel file on devices whose subgroups passed subgroup_check.wgsl
 // (run on its own pipeline; the layout it finds is taken to hold for every pipeline of the device):
 // full subgroups of consecutive invocation indices, starting at multiples of the size, which may be
-// any power of two from 4 to 64 (read here, so it may differ between pipelines). A row's sum depends
+// any power of two from 8 to 64 (read here, so it may differ between pipelines). A row's sum depends
 // only on its values and the pipeline, not on the batch around it. reduce_workgroup.wgsl is the
 // fallback.
 
-var<workgroup> subgroup_totals: array<f32, 16>;  // 64 invocations / the smallest subgroup (4)
+var<workgroup> subgroup_totals: array<f32, 8>;  // 64 invocations / the smallest subgroup (8)
 
 // The sum of every invocation's s, returned to all of them; called once per invocation, from
 // uniform control flow, in a 64-invocation workgroup.
@@ -26,11 +26,21 @@ fn workgroup_sum(s: f32, lid: u32) -> f32 {
   return total;
 }
 
-// The sums of x over the four invocations 4⌊lid/4⌋ .. +3, returned to all four: (x₀ + x₁) + (x₂ + x₃)
-// on every lane (float addition commutes, so the xor partners' sums agree bit for bit), as
-// reduce_workgroup.wgsl's version computes it. Called from uniform control flow in a 256-invocation
-// workgroup (subgroups of at least 4 consecutive indices: the device's check).
-fn quad_sum2(x: vec2<f32>, lid: u32) -> vec2<f32> {
-  let pair = x + subgroupShuffleXor(x, 1u);
-  return pair + subgroupShuffleXor(pair, 2u);
+// Two vec4 sums over a lane group, the 8 invocations 8⌊lid/8⌋ .. +7, returned to all eight: three xor
+// shuffles (partners 4, 2, 1), each adding the partner's running sum to the lane's own. Every lane
+// ends with ((x₀ + x₄) + (x₂ + x₆)) + ((x₁ + x₅) + (x₃ + x₇)) (float addition commutes, so partners
+// agree bit for bit), as reduce_workgroup.wgsl's version computes it. Called from uniform control flow
+// (subgroups of at least 8 consecutive indices: the device's check).
+struct Pair4 {
+  a: vec4<f32>, b: vec4<f32>,
+}
+
+fn group8_sum(x: Pair4, lid: u32) -> Pair4 {
+  var a = x.a + subgroupShuffleXor(x.a, 4u);
+  var b = x.b + subgroupShuffleXor(x.b, 4u);
+  a += subgroupShuffleXor(a, 2u);
+  b += subgroupShuffleXor(b, 2u);
+  a += subgroupShuffleXor(a, 1u);
+  b += subgroupShuffleXor(b, 1u);
+  return Pair4(a, b);
 }

@@ -1,7 +1,7 @@
 // Row sums of the 64-invocation kernels (norms, pointer head) without subgroups: a tree reduction in
-// workgroup memory (six barriers); and quad sums through workgroup memory (two barriers). Prepended to
-// every kernel file on devices where the subgroup variant (reduce_subgroups.wgsl) is not used; the two
-// define the same workgroup_sum and quad_sum2.
+// workgroup memory (six barriers); and the sums over groups of 8 lanes through workgroup memory (two
+// barriers). Prepended to every kernel file on devices where the subgroup variant (reduce_subgroups.wgsl)
+// is not used; the two define the same workgroup_sum and group8_sum.
 
 var<workgroup> partials: array<f32, 64>;
 
@@ -19,15 +19,23 @@ fn workgroup_sum(s: f32, lid: u32) -> f32 {
   return partials[0];
 }
 
-var<workgroup> quad_parts: array<vec2<f32>, 256>;
+struct Pair4 {
+  a: vec4<f32>, b: vec4<f32>,
+}
 
-// The sums of x over the four invocations 4⌊lid/4⌋ .. +3, returned to all four, as (x₀ + x₁) + (x₂ + x₃)
-// (reduce_subgroups.wgsl's bits); called from uniform control flow in a 256-invocation workgroup.
-fn quad_sum2(x: vec2<f32>, lid: u32) -> vec2<f32> {
-  quad_parts[lid] = x;
+var<workgroup> group_parts: array<Pair4, 128>;
+
+// Two vec4 sums over the 8 invocations 8⌊lid/8⌋ .. +7, returned to all eight, as ((x₀ + x₄) + (x₂ + x₆))
+// + ((x₁ + x₅) + (x₃ + x₇)) (reduce_subgroups.wgsl's bits); called from uniform control flow in a
+// workgroup of at most 128 invocations.
+fn group8_sum(x: Pair4, lid: u32) -> Pair4 {
+  group_parts[lid] = x;
   workgroupBarrier();
-  let b = lid & ~3u;
-  let sum = (quad_parts[b] + quad_parts[b + 1u]) + (quad_parts[b + 2u] + quad_parts[b + 3u]);
+  let g = lid & ~7u;
+  let a = ((group_parts[g].a + group_parts[g + 4u].a) + (group_parts[g + 2u].a + group_parts[g + 6u].a)) +
+          ((group_parts[g + 1u].a + group_parts[g + 5u].a) + (group_parts[g + 3u].a + group_parts[g + 7u].a));
+  let b = ((group_parts[g].b + group_parts[g + 4u].b) + (group_parts[g + 2u].b + group_parts[g + 6u].b)) +
+          ((group_parts[g + 1u].b + group_parts[g + 5u].b) + (group_parts[g + 3u].b + group_parts[g + 7u].b));
   workgroupBarrier();
-  return sum;
+  return Pair4(a, b);
 }

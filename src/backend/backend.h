@@ -169,7 +169,6 @@ struct BackendOptions {
   // bf16 GEMM modes, whose projections already round their inputs to 16 bits (docs/numerics.md).
   bool cuda_attention_f16 = false;
   std::string adapter;          // WebGPU: adapter name substring or type ("discrete", "cpu", ...); empty = default
-  bool webgpu_f16 = false;      // WebGPU: F16 kernels where the adapter has shader-f16 (FP32 otherwise)
   // Only supports() is needed (kev_export's op audit): succeed without a device, answering for the
   // backend's kernels under conservative default limits; memory and ops then return Unsupported.
   bool audit_only = false;

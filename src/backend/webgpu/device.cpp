@@ -366,7 +366,7 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
   KEV_ASSIGN_OR_RETURN(d->dummy_, d->create_buffer(kMaxStorageSlots * std::max<uint64_t>(l.storage_align, 16),
                                                    kStorageUsage, "kev dummy"));
 
-  KEV_ASSIGN_OR_RETURN(d->has_f16_, d->compiles("enable f16;\nfn f(h: f16) -> f16 { return h; }\n"));
+  KEV_ASSIGN_OR_RETURN(const bool f16, d->compiles("enable f16;\nfn f(h: f16) -> f16 { return h; }\n"));
   KEV_ASSIGN_OR_RETURN(const bool subgroups_compile,
                        d->compiles("enable subgroups;\nfn f(v: f32) -> f32 { return subgroupAdd(v); }\n"));
   std::string subgroups;  // the description's entry
@@ -385,7 +385,7 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
                         chosen.description.empty() ? "" : ", driver: ", chosen.description, "); storage binding ",
                         mib(l.max_binding), ", buffer ", mib(l.max_buffer), ", workgroup storage ",
                         l.workgroup_storage, " B, ", l.invocations, " invocations/workgroup, ", l.storage_buffers,
-                        " storage buffers/stage", d->has_f16_ ? ", shader-f16" : "", subgroups,
+                        " storage buffers/stage", f16 ? ", shader-f16" : "", subgroups,
                         "; FP32 kernels");
   if (trace_ops) KEV_TRY(d->open_trace());  // after the subgroup check: the trace shows the backend's passes
   return d;

@@ -112,7 +112,6 @@ class Device {
   const DeviceLimits& limits() const { return limits_; }
   // "llvmpipe (LLVM 19.1.7, 256 bits), Vulkan, Mesa 25.0.7 (driver: ...), binding 128 MiB, ..."
   const std::string& description() const { return description_; }
-  bool has_shader_f16() const { return has_f16_; }
   // Whether the kernels are built with subgroup reductions (see open() and check_subgroups()).
   bool has_subgroups() const { return has_subgroups_; }
 
@@ -201,7 +200,6 @@ class Device {
   WGPUQueue queue_ = nullptr;
   DeviceLimits limits_;
   std::string description_;
-  bool has_f16_ = false;
   bool has_subgroups_ = false;
   WGPUBuffer dummy_ = nullptr;
 

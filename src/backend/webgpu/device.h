@@ -167,8 +167,9 @@ class Device {
     uint64_t written = 0;       // ... of which submit() has written to `buffer`
   };
   Result<const Pipeline*> pipeline(const KernelSpec& kernel);
-  // Whether `code` compiles as a shader module on this device (the WGSL extensions it enables).
-  Result<bool> compiles(const std::string& code);
+  // "" when `code` compiles as a shader module on this device (the WGSL extensions it enables), else
+  // the first line of Dawn's message, which the description quotes.
+  Result<std::string> compile_error(const std::string& code);
   // Runs subgroup_check.wgsl: "" when every subgroup of a 256-invocation workgroup is full and holds
   // 8 to 64 consecutive invocation indices (what reduce_subgroups.wgsl assumes; WGSL leaves the mapping
   // to the implementation), else why not.

@@ -204,7 +204,8 @@ fn short_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let base = p.si_off + h * p.dk * p.dv;
     let last_row = p.dk - 1u;
     let last_col = p.dv - 1u;
-    let cols = vec4<u32>(min(col, last_col), min(col + 1u, last_col), min(col + 2u, last_col), min(col + 3u, last_col));
+    let cols = vec4<u32>(min(col, last_col), min(col + 1u, last_col), min(col + 2u, last_col),
+                         min(col + 3u, last_col));
     let live = vec4<u32>(col, col + 1u, col + 2u, col + 3u) < vec4<u32>(p.dv);
     for (var m = 0u; m < M4; m++) {
       for (var e = 0u; e < 4u; e++) {

@@ -372,8 +372,10 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
                        d->compile_error("enable f16;\nfn f(h: f16) -> f16 { return h; }\n"));
   KEV_ASSIGN_OR_RETURN(const std::string subgroups_error,
                        d->compile_error("enable subgroups;\nfn f(v: f32) -> f32 { return subgroupAdd(v); }\n"));
-  std::string subgroups = cat(", no subgroups (", subgroups_error, ")");  // the description's entry
-  if (subgroups_error.empty()) {
+  std::string subgroups;  // the description's entry
+  if (!subgroups_error.empty()) {
+    subgroups = cat(", no subgroups (", subgroups_error, ")");
+  } else {
     const std::string sizes = chosen.subgroup_max == chosen.subgroup_min
                                   ? cat(chosen.subgroup_min)
                                   : cat(chosen.subgroup_min, "..", chosen.subgroup_max);

@@ -77,3 +77,9 @@ fn fma4(a: Block4, xv: vec4<f32>, wv: vec4<f32>) -> Block4 {
   return Block4(fma(vec4<f32>(xv.x), wv, a.r0), fma(vec4<f32>(xv.y), wv, a.r1),
                 fma(vec4<f32>(xv.z), wv, a.r2), fma(vec4<f32>(xv.w), wv, a.r3));
 }
+
+// The two vec4 sums group8_sum adds over a lane group (reduce_subgroups.wgsl or reduce_workgroup.wgsl,
+// whichever the device takes, both after this file).
+struct Pair4 {
+  a: vec4<f32>, b: vec4<f32>,
+}

@@ -31,10 +31,6 @@ fn workgroup_sum(s: f32, lid: u32) -> f32 {
 // ends with ((x₀ + x₄) + (x₂ + x₆)) + ((x₁ + x₅) + (x₃ + x₇)) (float addition commutes, so partners
 // agree bit for bit), as reduce_workgroup.wgsl's version computes it. Called from uniform control flow
 // (subgroups of at least 8 consecutive indices: the device's check).
-struct Pair4 {
-  a: vec4<f32>, b: vec4<f32>,
-}
-
 fn group8_sum(x: Pair4, lid: u32) -> Pair4 {
   var a = x.a + subgroupShuffleXor(x.a, 4u);
   var b = x.b + subgroupShuffleXor(x.b, 4u);

@@ -19,10 +19,6 @@ fn workgroup_sum(s: f32, lid: u32) -> f32 {
   return partials[0];
 }
 
-struct Pair4 {
-  a: vec4<f32>, b: vec4<f32>,
-}
-
 var<workgroup> group_parts: array<Pair4, 128>;
 
 // Two vec4 sums over the 8 invocations 8⌊lid/8⌋ .. +7, returned to all eight, as ((x₀ + x₄) + (x₂ + x₆))

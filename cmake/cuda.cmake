@@ -1,6 +1,6 @@
 # The CUDA backend (src/backend/cuda). KEV_CUDA=auto builds it when CMake finds nvcc, on requires it,
 # off skips it. Sets KEV_HAVE_CUDA and defines kev_add_cuda_backend(target), which adds the backend's
-# sources to `target` and links cudart + cuBLASLt. The default architectures are those Kev targets:
+# sources to `target` and links cudart (cuBLASLt is loaded when the backend starts: cublaslt_api.h). The default architectures are those Kev targets:
 # Ampere (A100, sm_80), Ada (L4/L40, sm_89) and Hopper (H100/H200, sm_90).
 set(KEV_CUDA auto CACHE STRING "Build the CUDA backend: auto (when nvcc is found), on, off")
 set_property(CACHE KEV_CUDA PROPERTY STRINGS auto on off)
@@ -37,6 +37,10 @@ function(kev_add_cuda_backend target)
   # not errors: nvcc's generated host stubs trip GCC warnings that differ between toolkit versions.
   # The backend's .cpp files are CXX and get ${KEV_WARNINGS} (with -Werror) from kev_module.
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
-  target_link_libraries(${target} PRIVATE CUDA::cudart_static CUDA::cublasLt)
+  # cuBLASLt's header only: the library is dlopen'ed by create_backend("cuda") (cublaslt_api.h says
+  # why), first by its soname, then from the toolkit directory found here.
+  target_link_libraries(${target} PRIVATE CUDA::cudart_static ${CMAKE_DL_LIBS})
+  set_property(SOURCE ${PROJECT_SOURCE_DIR}/src/backend/cuda/cublaslt_api.cpp APPEND PROPERTY COMPILE_DEFINITIONS
+               KEV_CUDA_LIBRARY_DIR="${CUDAToolkit_LIBRARY_DIR}")
   target_compile_definitions(${target} PUBLIC KEV_HAVE_CUDA)
 endfunction()

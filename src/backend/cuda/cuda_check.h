@@ -1,10 +1,9 @@
-// CUDA and cuBLASLt status codes turned into kev Status values at the call site, with file:line, so a
+// CUDA status codes turned into kev Status values at the call site, with file:line, so a
 // failing runtime call surfaces as a Device error naming the call instead of an abort.
 //
 //   KEV_CUDA_TRY(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));   // returns a Device Status on error
 #pragma once
 
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include "common/check.h"
@@ -17,13 +16,7 @@ inline Status cuda_status(cudaError_t err, const char* call, const char* file, i
                                        cudaGetErrorString(err), ") at ", file, ":", line));
 }
 
-inline Status cublas_status(cublasStatus_t st, const char* call, const char* file, int line) {
-  if (st == CUBLAS_STATUS_SUCCESS) return Status::success();
-  return Status(ErrorCode::Device, cat("cuBLASLt: ", call, " failed: ", cublasLtGetStatusName(st), " (",
-                                       cublasLtGetStatusString(st), ") at ", file, ":", line));
-}
 
 }  // namespace kev::cuda
 
 #define KEV_CUDA_TRY(call) KEV_TRY(::kev::cuda::cuda_status((call), #call, __FILE__, __LINE__))
-#define KEV_CUBLAS_TRY(call) KEV_TRY(::kev::cuda::cublas_status((call), #call, __FILE__, __LINE__))

@@ -9,19 +9,20 @@ namespace kev::cuda {
 
 GemmRunner::~GemmRunner() {
   for (auto& [shape, plan] : plans_) destroy(plan);
-  if (handle_) cublasLtDestroy(handle_);
+  if (handle_) lt_->cublasLtDestroy(handle_);
 }
 
-void GemmRunner::destroy(Plan& p) {
-  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
-  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
-  if (p.d) cublasLtMatrixLayoutDestroy(p.d);
-  if (p.op) cublasLtMatmulDescDestroy(p.op);
+void GemmRunner::destroy(Plan& p) const {
+  if (p.a) lt_->cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) lt_->cublasLtMatrixLayoutDestroy(p.b);
+  if (p.d) lt_->cublasLtMatrixLayoutDestroy(p.d);
+  if (p.op) lt_->cublasLtMatmulDescDestroy(p.op);
   p = Plan{};
 }
 
 Status GemmRunner::init(void* workspace, size_t workspace_bytes) {
-  KEV_CUBLAS_TRY(cublasLtCreate(&handle_));
+  KEV_ASSIGN_OR_RETURN(lt_, load_cublaslt());
+  KEV_CUBLAS_TRY(lt_->cublasLtCreate(&handle_));
   workspace_ = workspace;
   workspace_bytes_ = workspace_bytes;
   return Status::success();
@@ -50,32 +51,34 @@ Status GemmRunner::prepare(const GemmShape& s, const void* w, cudaStream_t strea
     return st;
   };
   auto attempt = [&]() -> Status {
-    KEV_CUBLAS_TRY(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    KEV_CUBLAS_TRY(lt_->cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-    KEV_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
-    KEV_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+    KEV_CUBLAS_TRY(lt_->cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+    KEV_CUBLAS_TRY(lt_->cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
     const int64_t ks = s.k / s.splits;  // the k of one slice
-    KEV_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p.a, ab, static_cast<uint64_t>(ks), static_cast<uint64_t>(s.m), s.k));
     KEV_CUBLAS_TRY(
-        cublasLtMatrixLayoutCreate(&p.b, ab, static_cast<uint64_t>(ks), static_cast<uint64_t>(s.n), s.ldx));
+        lt_->cublasLtMatrixLayoutCreate(&p.a, ab, static_cast<uint64_t>(ks), static_cast<uint64_t>(s.m), s.k));
     KEV_CUBLAS_TRY(
-        cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, static_cast<uint64_t>(s.m), static_cast<uint64_t>(s.n), s.ldo));
+        lt_->cublasLtMatrixLayoutCreate(&p.b, ab, static_cast<uint64_t>(ks), static_cast<uint64_t>(s.n), s.ldx));
+    KEV_CUBLAS_TRY(lt_->cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, static_cast<uint64_t>(s.m),
+                                                   static_cast<uint64_t>(s.n), s.ldo));
     if (s.splits > 1) {
       // Slice j: W's and x's columns j·ks.. (their rows in cuBLASLt's column-major view), plane j of out.
       const int32_t count = s.splits;
       const int64_t plane = s.ldo * s.n;
       for (cublasLtMatrixLayout_t l : {p.a, p.b, p.d}) {
-        KEV_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+        KEV_CUBLAS_TRY(
+            lt_->cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
       }
       KEV_CUBLAS_TRY(
-          cublasLtMatrixLayoutSetAttribute(p.a, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &ks, sizeof(ks)));
+          lt_->cublasLtMatrixLayoutSetAttribute(p.a, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &ks, sizeof(ks)));
       KEV_CUBLAS_TRY(
-          cublasLtMatrixLayoutSetAttribute(p.b, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &ks, sizeof(ks)));
-      KEV_CUBLAS_TRY(
-          cublasLtMatrixLayoutSetAttribute(p.d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &plane, sizeof(plane)));
+          lt_->cublasLtMatrixLayoutSetAttribute(p.b, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &ks, sizeof(ks)));
+      KEV_CUBLAS_TRY(lt_->cublasLtMatrixLayoutSetAttribute(p.d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &plane,
+                                                           sizeof(plane)));
     }
     cublasLtMatmulPreference_t pref = nullptr;
-    KEV_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    KEV_CUBLAS_TRY(lt_->cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = workspace_bytes_;
     const uint32_t al_a = static_cast<uint32_t>(s.align_w), al_b = static_cast<uint32_t>(s.align_x),
                    al_d = static_cast<uint32_t>(s.align_out);
@@ -83,20 +86,24 @@ Status GemmRunner::prepare(const GemmShape& s, const void* w, cudaStream_t strea
                                                      static_cast<double>(s.m) >= kTunedGemmFlops;
     cublasLtMatmulHeuristicResult_t results[kTunedCandidates] = {};
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                             sizeof(ws));
+    cublasStatus_t st =
+        lt_->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
+      st = lt_->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                     sizeof(al_a));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
+      st = lt_->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                     sizeof(al_b));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d));
+      st = lt_->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d,
+                                                     sizeof(al_d));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
+      st = lt_->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d,
+                                                     sizeof(al_d));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.d, p.d, pref, tuned ? kTunedCandidates : 1,
-                                          results, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+      st = lt_->cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.d, p.d, pref, tuned ? kTunedCandidates : 1,
+                                               results, &found);
+    lt_->cublasLtMatmulPreferenceDestroy(pref);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
       found = 0;  // reported below with the shape
     } else {
@@ -139,8 +146,8 @@ Result<int> GemmRunner::fastest(const Plan& p, const GemmShape& s, const cublasL
     float best_ms = std::numeric_limits<float>::infinity();
     for (int i = 0; i < n; ++i) {
       auto run = [&]() {
-        return cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, out, p.d, out, p.d, &candidates[i].algo,
-                              workspace_, workspace_bytes_, stream);
+        return lt_->cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, out, p.d, out, p.d,
+                                   &candidates[i].algo, workspace_, workspace_bytes_, stream);
       };
       bool ok = true;
       for (int r = 0; r < kWarmups && ok; ++r) ok = run() == CUBLAS_STATUS_SUCCESS;
@@ -176,8 +183,8 @@ Status GemmRunner::enqueue(const GemmShape& s, const void* x, const void* w, flo
             " m=", s.m);
   const Plan& p = it->second;
   const float alpha = 1.0f, beta = 0.0f;
-  KEV_CUBLAS_TRY(cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, out, p.d, out, p.d, &p.algo, workspace_,
-                                workspace_bytes_, stream));
+  KEV_CUBLAS_TRY(lt_->cublasLtMatmul(handle_, p.op, &alpha, w, p.a, x, p.b, &beta, out, p.d, out, p.d, &p.algo,
+                                     workspace_, workspace_bytes_, stream));
   return Status::success();
 }
 

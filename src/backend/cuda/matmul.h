@@ -46,6 +46,7 @@
 #include <map>
 #include <tuple>
 
+#include "backend/cuda/cublaslt_api.h"
 #include "backend/cuda/kernels.h"
 #include "backend/tensor.h"
 #include "kev/result.h"
@@ -74,6 +75,7 @@ class GemmRunner {
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
 
+  // Loads cuBLASLt (cublaslt_api.h) and creates its handle.
   Status init(void* workspace, size_t workspace_bytes);
   // Builds (or finds) the plan for `shape`; call before recording so enqueue() cannot fail on planning.
   // `w` (the weights) and `stream` serve the timing of a large GEMM's candidates; the stream is
@@ -81,7 +83,7 @@ class GemmRunner {
   Status prepare(const GemmShape& shape, const void* w, cudaStream_t stream);
   // x has shape.w's dtype (the F32 input, or its BF16 / F16 copy), with shape.ldx; requires prepare(shape) first.
   Status enqueue(const GemmShape& shape, const void* x, const void* w, float* out, cudaStream_t stream) const;
-  size_t cublaslt_version() const { return cublasLtGetVersion(); }
+  size_t cublaslt_version() const { return lt_->cublasLtGetVersion(); }
 
  private:
   struct Plan {
@@ -89,11 +91,12 @@ class GemmRunner {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  static void destroy(Plan& p);
+  void destroy(Plan& p) const;
   // The index of the fastest of `n` candidate algorithms for `p` (see prepare()).
   Result<int> fastest(const Plan& p, const GemmShape& s, const cublasLtMatmulHeuristicResult_t* candidates, int n,
                       const void* w, cudaStream_t stream) const;
 
+  const CublasLtApi* lt_ = nullptr;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

@@ -1,5 +1,5 @@
-// CUDA status codes turned into kev Status values at the call site, with file:line, so a
-// failing runtime call surfaces as a Device error naming the call instead of an abort.
+// CUDA status codes turned into kev Status values at the call site, with file:line, so a failing
+// runtime call surfaces as a Device error naming the call instead of an abort (cuBLASLt's: cublaslt_api.h).
 //
 //   KEV_CUDA_TRY(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));   // returns a Device Status on error
 #pragma once
@@ -15,7 +15,6 @@ inline Status cuda_status(cudaError_t err, const char* call, const char* file, i
   return Status(ErrorCode::Device, cat("cuda: ", call, " failed: ", cudaGetErrorName(err), " (",
                                        cudaGetErrorString(err), ") at ", file, ":", line));
 }
-
 
 }  // namespace kev::cuda
 

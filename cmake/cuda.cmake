@@ -1,7 +1,8 @@
 # The CUDA backend (src/backend/cuda). KEV_CUDA=auto builds it when CMake finds nvcc, on requires it,
 # off skips it. Sets KEV_HAVE_CUDA and defines kev_add_cuda_backend(target), which adds the backend's
-# sources to `target` and links cudart (cuBLASLt is loaded when the backend starts: cublaslt_api.h). The default architectures are those Kev targets:
-# Ampere (A100, sm_80), Ada (L4/L40, sm_89) and Hopper (H100/H200, sm_90).
+# sources to `target` and links cudart (cuBLASLt is loaded when the backend starts: cublaslt_api.h).
+# The default architectures are those Kev targets: Ampere (A100, sm_80), Ada (L4/L40, sm_89) and Hopper
+# (H100/H200, sm_90).
 set(KEV_CUDA auto CACHE STRING "Build the CUDA backend: auto (when nvcc is found), on, off")
 set_property(CACHE KEV_CUDA PROPERTY STRINGS auto on off)
 set(KEV_HAVE_CUDA OFF)

@@ -24,22 +24,25 @@ Result<CublasLtApi> load_cublaslt_from(const std::vector<std::string>& candidate
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
     if (!fn) missing += cat(missing.empty() ? "" : ", ", name);
   };
-  bind(api.cublasLtCreate, "cublasLtCreate");
-  bind(api.cublasLtDestroy, "cublasLtDestroy");
-  bind(api.cublasLtGetVersion, "cublasLtGetVersion");
-  bind(api.cublasLtGetStatusName, "cublasLtGetStatusName");
-  bind(api.cublasLtGetStatusString, "cublasLtGetStatusString");
-  bind(api.cublasLtMatmul, "cublasLtMatmul");
-  bind(api.cublasLtMatmulDescCreate, "cublasLtMatmulDescCreate");
-  bind(api.cublasLtMatmulDescDestroy, "cublasLtMatmulDescDestroy");
-  bind(api.cublasLtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
-  bind(api.cublasLtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
-  bind(api.cublasLtMatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
-  bind(api.cublasLtMatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute");
-  bind(api.cublasLtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
-  bind(api.cublasLtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
-  bind(api.cublasLtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
-  bind(api.cublasLtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+  // Each member is looked up by its own name.
+#define KEV_BIND(f) bind(api.f, #f)
+  KEV_BIND(cublasLtCreate);
+  KEV_BIND(cublasLtDestroy);
+  KEV_BIND(cublasLtGetVersion);
+  KEV_BIND(cublasLtGetStatusName);
+  KEV_BIND(cublasLtGetStatusString);
+  KEV_BIND(cublasLtMatmul);
+  KEV_BIND(cublasLtMatmulDescCreate);
+  KEV_BIND(cublasLtMatmulDescDestroy);
+  KEV_BIND(cublasLtMatmulDescSetAttribute);
+  KEV_BIND(cublasLtMatrixLayoutCreate);
+  KEV_BIND(cublasLtMatrixLayoutDestroy);
+  KEV_BIND(cublasLtMatrixLayoutSetAttribute);
+  KEV_BIND(cublasLtMatmulPreferenceCreate);
+  KEV_BIND(cublasLtMatmulPreferenceDestroy);
+  KEV_BIND(cublasLtMatmulPreferenceSetAttribute);
+  KEV_BIND(cublasLtMatmulAlgoGetHeuristic);
+#undef KEV_BIND
   if (!missing.empty()) {
     dlclose(lib);
     return Status(ErrorCode::Device, cat("cuda: the cuBLASLt library found lacks ", missing));

@@ -6,10 +6,10 @@
 #ifdef KEV_HAVE_CUDA
 #include <unistd.h>
 
-#include <cstdio>
 #include <string>
 
 #include "backend/cuda/cublaslt_api.h"
+#include "support/run_command.h"
 
 namespace kev::cuda {
 namespace {
@@ -78,12 +78,7 @@ TEST(CublasLtLoader, ALibraryWithoutTheEntryPointsIsRefused) {
 TEST(CublasLtLoader, TheProgramDoesNotLinkIt) {
   char exe[4096] = {};
   ASSERT_GT(readlink("/proc/self/exe", exe, sizeof exe - 1), 0);
-  FILE* p = popen(("ldd '" + std::string(exe) + "' 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  pclose(p);
+  const std::string out = kev::test_support::run_command("ldd '" + std::string(exe) + "'").output;
   ASSERT_NE(out.find("libc.so"), std::string::npos) << "ldd printed no libraries:\n" << out;
   EXPECT_EQ(out.find("libcublas"), std::string::npos) << out;
 }

@@ -6,12 +6,16 @@
 #ifdef KEV_HAVE_WEBGPU
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iterator>
 #include <numeric>
@@ -20,6 +24,7 @@
 #include "backend/op_harness.h"
 #include "backend/test_tensors.h"
 #include "backend/webgpu/webgpu_backend.h"
+#include "support/run_command.h"
 
 namespace kev::optest {
 namespace {
@@ -693,6 +698,58 @@ TEST(WebGpu, GdnRefusesAChunkOverTheBindingLimit) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), ErrorCode::Unsupported) << s.to_string();
   EXPECT_NE(s.to_string().find("storage binding limit is 524288"), std::string::npos) << s.to_string();
+}
+
+// KEV_WEBGPU_DUMP_SPIRV: the device files the SPIR-V Dawn generates for each pipeline it builds, named
+// by kernel file and entry point, and kev_pipeline_stats builds each such module on the Vulkan driver
+// (lavapipe reports no statistics; NVIDIA's driver reports registers and more: docs/backends.md).
+TEST(WebGpu, DumpsEachPipelinesSpirvForTheDriversStatistics) {
+  REQUIRE_WEBGPU(shared);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kev-spirv-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  setenv("KEV_WEBGPU_DUMP_SPIRV", dir.c_str(), 1);
+  Result<std::shared_ptr<Backend>> dumping = create_backend("webgpu", BackendOptions{});
+  unsetenv("KEV_WEBGPU_DUMP_SPIRV");
+  ASSERT_TRUE(dumping.ok()) << dumping.status().to_string();
+  Backend& gpu = **dumping;
+  std::vector<std::shared_ptr<Buffer>> keep;
+  const std::vector<float> x = random_floats(4 * 64, 7), w = random_floats(64, 8, 0.1f);
+  const Tensor tx = put(gpu, keep, BufferUsage::Activations, DType::F32, {4, 64}, x.data());
+  const Tensor tw = put(gpu, keep, BufferUsage::Weights, DType::F32, {64}, w.data());
+  const Tensor out = put(gpu, keep, BufferUsage::Activations, DType::F32, {4, 64}, nullptr);
+  ASSERT_TRUE(gpu.rms_norm(tx, tw, 1e-6f, out).ok());
+  ASSERT_TRUE(gpu.synchronize().ok());
+
+  std::ifstream dumped(dir / "norms.rms_norm.spvasm");
+  ASSERT_TRUE(dumped.good()) << "no " << (dir / "norms.rms_norm.spvasm").string();
+  const std::string text((std::istreambuf_iterator<char>(dumped)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("OpEntryPoint GLCompute"), std::string::npos) << text.substr(0, 400);
+#ifdef KEV_HAVE_PIPELINE_STATS
+  const test_support::CommandRun stats =
+      test_support::run_command(test_support::built_tool("kev_pipeline_stats") + " '" + dir.string() + "'");
+  std::printf("%s", stats.output.c_str());
+  EXPECT_EQ(stats.exit_code, 0) << stats.output;
+  EXPECT_NE(stats.output.find("\nnorms.rms_norm "), std::string::npos) << stats.output;
+  EXPECT_EQ(stats.output.find("FAILED"), std::string::npos) << stats.output;
+#else
+  std::printf("kev_pipeline_stats is not built here (needs libvulkan-dev and spirv-tools): dump checked only\n");
+#endif
+  std::filesystem::remove_all(dir);
+}
+
+// A dump directory that cannot be created is refused when the device opens, naming the variable.
+TEST(WebGpu, ADumpDirectoryThatCannotBeCreatedIsAnError) {
+  REQUIRE_WEBGPU(shared);
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / ("kev-not-a-dir-" + std::to_string(getpid()));
+  std::ofstream(file) << "x";
+  setenv("KEV_WEBGPU_DUMP_SPIRV", (file / "spirv").c_str(), 1);
+  const Result<std::shared_ptr<Backend>> r = create_backend("webgpu", BackendOptions{});
+  unsetenv("KEV_WEBGPU_DUMP_SPIRV");
+  std::filesystem::remove(file);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().to_string().find("KEV_WEBGPU_DUMP_SPIRV"), std::string::npos) << r.status().to_string();
 }
 
 // Timing of the attention kernel at Kev's passes (0.8B heads 8/2/256): causal prefills without a

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <string_view>
 
 #include "backend/op_time_table.h"
 #include "backend/webgpu/shaders.h"
@@ -216,6 +218,21 @@ void Device::on_uncaptured_error(WGPUDevice const*, WGPUErrorType type, WGPUStri
   }
 }
 
+void Device::on_log(WGPULoggingType, WGPUStringView message, void* self, void*) {
+  constexpr std::string_view kSpirv = "/* Dumped generated SPIRV disassembly */";
+  auto* d = static_cast<Device*>(self);
+  const std::string text = str(message);
+  if (text.rfind(kSpirv, 0) != 0) return;  // the WGSL Dawn dumps too: the repository has it
+  std::lock_guard<std::mutex> lock(d->error_mutex_);
+  const std::string name = d->compiling_.empty() ? cat("unlabelled-", ++d->unlabelled_dumps_) : d->compiling_;
+  const std::filesystem::path path = std::filesystem::path(d->dump_dir_) / (name + ".spvasm");
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  const bool ok = f != nullptr && std::fwrite(text.data() + kSpirv.size(), 1, text.size() - kSpirv.size(), f) ==
+                                      text.size() - kSpirv.size();
+  if (f != nullptr) std::fclose(f);
+  if (!ok && d->error_.empty()) d->error_ = cat("KEV_WEBGPU_DUMP_SPIRV: cannot write ", path.string());
+}
+
 void Device::on_device_lost(WGPUDevice const*, WGPUDeviceLostReason reason, WGPUStringView message, void* self,
                             void*) {
   auto* d = static_cast<Device*>(self);
@@ -325,12 +342,24 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
   const char* trace_env = std::getenv("KEV_WEBGPU_TRACE");
   const bool trace_ops = trace_env != nullptr && std::strcmp(trace_env, "ops") == 0;
   const char* const exact_timestamps[] = {"timestamp_quantization"};
+  // Dawn logs the SPIR-V it generates for each pipeline under `dump_shaders`; on_log() files it.
+  const char* dump_env = std::getenv("KEV_WEBGPU_DUMP_SPIRV");
+  if (dump_env != nullptr && *dump_env != '\0') d->dump_dir_ = dump_env;
+  const char* const dump_shaders[] = {"dump_shaders"};
   WGPUDawnTogglesDescriptor toggles = WGPU_DAWN_TOGGLES_DESCRIPTOR_INIT;
   if (trace_ops) {
     toggles.disabledToggleCount = 1;
     toggles.disabledToggles = exact_timestamps;
-    ddesc.nextInChain = &toggles.chain;
   }
+  if (!d->dump_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(d->dump_dir_, ec);
+    KEV_CHECK(!ec, ErrorCode::InvalidRequest, "webgpu: KEV_WEBGPU_DUMP_SPIRV=", d->dump_dir_,
+              ": cannot create the directory: ", ec.message());
+    toggles.enabledToggleCount = 1;
+    toggles.enabledToggles = dump_shaders;
+  }
+  if (trace_ops || !d->dump_dir_.empty()) ddesc.nextInChain = &toggles.chain;
   ddesc.requiredFeatureCount = features.size();
   ddesc.requiredFeatures = features.data();
   ddesc.requiredLimits = &want;
@@ -349,6 +378,12 @@ Result<std::unique_ptr<Device>> Device::open(const std::string& adapter_choice, 
             " refused a device: ", reply.message);
   d->device_ = reply.device;
   d->queue_ = wgpuDeviceGetQueue(d->device_);
+  if (!d->dump_dir_.empty()) {
+    WGPULoggingCallbackInfo log = WGPU_LOGGING_CALLBACK_INFO_INIT;
+    log.callback = &Device::on_log;
+    log.userdata1 = d.get();
+    wgpuDeviceSetLoggingCallback(d->device_, log);
+  }
 
   WGPULimits got = WGPU_LIMITS_INIT;
   KEV_CHECK(wgpuDeviceGetLimits(d->device_, &got) == WGPUStatus_Success, ErrorCode::Device,
@@ -526,7 +561,9 @@ Result<const Device::Pipeline*> Device::pipeline(const KernelSpec& k) {
   pdesc.layout = pl;
   pdesc.compute.module = module;
   pdesc.compute.entryPoint = sv(k.entry);
+  compiling_ = cat(k.file, ".", k.entry);
   WGPUComputePipeline pipeline = wgpuDeviceCreateComputePipeline(device_, &pdesc);
+  compiling_.clear();
   wgpuPipelineLayoutRelease(pl);
   if (module) wgpuShaderModuleRelease(module);
   KEV_ASSIGN_OR_RETURN(const ScopeReply scope, pop_error_scope(instance_, device_, "pipeline creation"));

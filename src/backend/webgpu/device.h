@@ -29,6 +29,9 @@
 //   resolves them with its last commands and, after its wait, prints their GPU times per op (kernel
 //   entry and workgroup count) to stderr. The GPU then also waits between dispatches that one pass
 //   would have let overlap, so a traced pass is slower than an untraced one.
+// - KEV_WEBGPU_DUMP_SPIRV=<dir>: Dawn's `dump_shaders` toggle on; the SPIR-V it generates for each
+//   pipeline is written to <dir>/<file>.<entry>.spvasm (kev_pipeline_stats reads them); what Dawn
+//   generates for its own internal pipelines (e.g. the trace's timestamp conversion) to unlabelled-N.spvasm.
 // - One Device is used from one thread at a time.
 #pragma once
 
@@ -192,6 +195,9 @@ class Device {
 
   static void on_uncaptured_error(WGPUDevice const* device, WGPUErrorType type, WGPUStringView message, void* self,
                                   void*);
+  // KEV_WEBGPU_DUMP_SPIRV: files each SPIR-V disassembly Dawn logs as <dir>/<file>.<entry>.spvasm,
+  // named by the pipeline being created (the log arrives inside its creation call).
+  static void on_log(WGPULoggingType type, WGPUStringView message, void* self, void*);
   static void on_device_lost(WGPUDevice const* device, WGPUDeviceLostReason reason, WGPUStringView message,
                              void* self, void*);
 
@@ -205,6 +211,9 @@ class Device {
   WGPUBuffer dummy_ = nullptr;
 
   std::map<std::string, Pipeline> pipelines_;
+  std::string dump_dir_;        // KEV_WEBGPU_DUMP_SPIRV, or empty
+  std::string compiling_;       // "<file>.<entry>" while its pipeline is being created
+  int unlabelled_dumps_ = 0;    // dumps that arrived outside a pipeline creation
   std::map<uint32_t, WGPUBindGroupLayout> layouts_;
 
   WGPUCommandEncoder encoder_ = nullptr;

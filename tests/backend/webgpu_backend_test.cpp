@@ -517,7 +517,8 @@ TEST(WebGpu, DISABLED_MatmulTiming) {
 
 // The row reductions at long's shapes, with the subgroup and the workgroup-memory workgroup_sum:
 // add_rms_norm over 2,187 × 1,024, l2_norm over 2,187 × 32 rows of 128 (GDN q and k), rms_norm_gated
-// over 2,187 × 16 rows of 128. Twenty calls per synchronisation (each is tens of µs). Run with
+// over 2,187 × 16 rows of 128, rms_norm over 2,187 × 8 rows of 256 (attention's q heads). Twenty calls
+// per synchronisation (each is tens of µs). Run with
 //   kev_test_backend --gtest_also_run_disabled_tests --gtest_filter='WebGpu.DISABLED_NormTiming'
 TEST(WebGpu, DISABLED_NormTiming) {
   REQUIRE_WEBGPU(shared);
@@ -533,12 +534,15 @@ TEST(WebGpu, DISABLED_NormTiming) {
     const Tensor x = t2(2187, 1024), y = t2(2187, 1024), o = t2(2187, 1024);
     const Tensor q = t2(2187 * 32, 128), qo = t2(2187 * 32, 128);
     const Tensor g = t2(2187 * 16, 128), gz = t2(2187 * 16, 128), go = t2(2187 * 16, 128);
-    Tensor w128 = tw;
+    const Tensor h = t2(2187 * 8, 256), ho = t2(2187 * 8, 256);  // the long prefill's attention q heads
+    Tensor w128 = tw, w256 = tw;
     w128.shape[0] = 128;
+    w256.shape[0] = 256;
     const std::pair<const char*, std::function<Status()>> ops[] = {
         {"add_rms_norm 2187x1024", [&] { return gpu->add_rms_norm(x, y, tw, 1e-6f, o); }},
         {"l2_norm 69984x128", [&] { return gpu->l2_norm(q, 1e-6f, 1.0f, qo); }},
         {"rms_norm_gated 34992x128", [&] { return gpu->rms_norm_gated(g, gz, w128, 1e-6f, go); }},
+        {"rms_norm 17496x256", [&] { return gpu->rms_norm(h, w256, 1e-6f, ho); }},
     };
     for (const auto& [name, run] : ops) {
       const Timing t = time_calls(*gpu, run, 20, 0.2);
@@ -721,8 +725,9 @@ TEST(WebGpu, DumpsEachPipelinesSpirvForTheDriversStatistics) {
   ASSERT_TRUE(gpu.rms_norm(tx, tw, 1e-6f, out).ok());
   ASSERT_TRUE(gpu.synchronize().ok());
 
-  std::ifstream dumped(dir / "norms.rms_norm.spvasm");
-  ASSERT_TRUE(dumped.good()) << "no " << (dir / "norms.rms_norm.spvasm").string();
+  const std::filesystem::path file = dir / "norms.rms_norm_short.spvasm";  // rows of 64: the short-row entry
+  std::ifstream dumped(file);
+  ASSERT_TRUE(dumped.good()) << "no " << file.string();
   const std::string text((std::istreambuf_iterator<char>(dumped)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("OpEntryPoint GLCompute"), std::string::npos) << text.substr(0, 400);
 #ifdef KEV_HAVE_PIPELINE_STATS
@@ -730,7 +735,7 @@ TEST(WebGpu, DumpsEachPipelinesSpirvForTheDriversStatistics) {
       test_support::run_command(test_support::built_tool("kev_pipeline_stats") + " '" + dir.string() + "'");
   std::printf("%s", stats.output.c_str());
   EXPECT_EQ(stats.exit_code, 0) << stats.output;
-  EXPECT_NE(stats.output.find("\nnorms.rms_norm "), std::string::npos) << stats.output;
+  EXPECT_NE(stats.output.find("\nnorms.rms_norm_short "), std::string::npos) << stats.output;
   EXPECT_EQ(stats.output.find("FAILED"), std::string::npos) << stats.output;
 #else
   std::printf("kev_pipeline_stats is not built here (needs libvulkan-dev and spirv-tools): dump checked only\n");
@@ -905,7 +910,7 @@ TEST(WebGpu, TraceTimesEveryDispatch) {
   EXPECT_EQ(results[0], results[1]);
   EXPECT_NE(log.find("kev-webgpu-trace pass 1 ops: 2 dispatches, GPU "), std::string::npos) << log;
   EXPECT_NE(log.find("  add add x"), std::string::npos) << log;
-  EXPECT_NE(log.find("  rms_norm rms_norm x3 "), std::string::npos) << log;
+  EXPECT_NE(log.find("  rms_norm rms_norm_short x1 "), std::string::npos) << log;  // 3 rows of 64: one workgroup
 }
 
 // kev_export's audit: no adapter, WebGPU default limits; the model's ops are supported, and a

@@ -15,6 +15,14 @@
 // 16 (a question-row pass has only ~200 rows, too few workgroups to hide them); loads past the row's
 // end read its last element, unused, so that a run's loads need no branch; the sums still add the
 // elements in j order, so the results are those of a plain loop.
+// Short rows (d ≤ SHORT_MAX: the GDN heads' 128, attention's 256-dim heads), the *_short entries: eight
+// rows a workgroup, eight lanes a row (lanes 8g..8g+7 take row 8·workgroup + g), a lane's elements
+// j ≡ lane (mod 8) loaded in one or two runs of RUN into registers, kept there for the output; the
+// row's sum is the lane sums (each in j order) added by group8_sum_scalar. A row of 128 is then 8
+// invocations issuing 16 loads each, where the one-row workgroup had 64 issuing 2 (and 14 clamped
+// repeats) and a barrier, and the 34,992 head rows of a long prefill's q or k are 4,374 workgroups,
+// not 34,992. Lanes of rows past n_rows work on the last row (the sum needs all eight) and store
+// nothing; in-place calls are safe, as a lane writes only the elements it read.
 // add_rms_norm: each invocation writes x + y for its j and reads back only its own elements, so the
 // second pass needs no barrier beyond the reduction's; out and y never alias x (the host checks).
 
@@ -34,6 +42,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
 const RUN: u32 = 16u;  // elements an invocation loads before using them
+const SHORT_MAX: u32 = 16u * RUN;  // the longest short row: two runs of eight lanes
 
 // Σ x² over the row starting at xb, shared by all invocations of the workgroup.
 fn row_sum_squares(xb: u32, lid: u32) -> f32 {
@@ -138,5 +147,97 @@ fn rms_norm_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
   let inv = 1.0 / sqrt(row_sum_squares(xb, lid) / f32(p.d) + p.eps);
   for (var j = lid; j < p.d; j += 64u) {
     out[ob + j] = w[p.w_off + j] * (x[xb + j] * inv) * silu(z[zb + j]);
+  }
+}
+
+// The row of a short-row lane (rows past n_rows give the last row; short_row_stores says whether to store).
+fn short_row(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+  return min(linear_group(wid, nwg) * 8u + lid / 8u, p.n_rows - 1u);
+}
+
+fn short_row_stores(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> bool {
+  return linear_group(wid, nwg) * 8u + lid / 8u < p.n_rows;
+}
+
+// A lane's elements of a short row, v[u] = x[xb + lane + 8u] (past the row's end: its last element,
+// unused), and the row's Σ x², the same in all eight lanes.
+struct ShortRow {
+  v: array<f32, 32>,
+  sum_squares: f32,
+}
+
+fn short_row_squares(xb: u32, lid: u32) -> ShortRow {
+  let lane = lid % 8u;
+  var row: ShortRow;
+  for (var u = 0u; u < RUN; u++) {
+    row.v[u] = x[xb + min(lane + 8u * u, p.d - 1u)];
+  }
+  if (p.d > 8u * RUN) {
+    for (var u = RUN; u < 2u * RUN; u++) {
+      row.v[u] = x[xb + min(lane + 8u * u, p.d - 1u)];
+    }
+  }
+  var s = 0.0;
+  for (var u = 0u; u < 2u * RUN; u++) {
+    if (lane + 8u * u < p.d) {
+      s += row.v[u] * row.v[u];
+    }
+  }
+  row.sum_squares = group8_sum_scalar(s, lid);
+  return row;
+}
+
+@compute @workgroup_size(64)
+fn rms_norm_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+  let r = short_row(wid, nwg, lid);
+  let row = short_row_squares(p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz), lid);
+  let inv = 1.0 / sqrt(row.sum_squares / f32(p.d) + p.eps);
+  if (!short_row_stores(wid, nwg, lid)) {
+    return;
+  }
+  let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
+  for (var u = 0u; u < 2u * RUN; u++) {
+    let j = lid % 8u + 8u * u;
+    if (j < p.d) {
+      out[ob + j] = row.v[u] * inv * (1.0 + w[p.w_off + j]);
+    }
+  }
+}
+
+@compute @workgroup_size(64)
+fn l2_norm_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+  let r = short_row(wid, nwg, lid);
+  let row = short_row_squares(p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz), lid);
+  let f = p.scale / sqrt(row.sum_squares + p.eps);
+  if (!short_row_stores(wid, nwg, lid)) {
+    return;
+  }
+  let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
+  for (var u = 0u; u < 2u * RUN; u++) {
+    let j = lid % 8u + 8u * u;
+    if (j < p.d) {
+      out[ob + j] = row.v[u] * f;
+    }
+  }
+}
+
+@compute @workgroup_size(64)
+fn rms_norm_gated_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) lid: u32) {
+  let r = short_row(wid, nwg, lid);
+  let row = short_row_squares(p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz), lid);
+  let inv = 1.0 / sqrt(row.sum_squares / f32(p.d) + p.eps);
+  if (!short_row_stores(wid, nwg, lid)) {
+    return;
+  }
+  let zb = p.z_off + row_offset3(r, p.s1, p.s2, p.z_st.xyz);
+  let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
+  for (var u = 0u; u < 2u * RUN; u++) {
+    let j = lid % 8u + 8u * u;
+    if (j < p.d) {
+      out[ob + j] = w[p.w_off + j] * (row.v[u] * inv) * silu(z[zb + j]);
+    }
   }
 }

@@ -1,6 +1,6 @@
 // Row sums of the 64-invocation kernels (norms, pointer head) with subgroups: subgroupAdd within each
 // subgroup, one barrier, then the subgroups' totals summed in subgroup order; and the sums over groups
-// of 8 lanes (the question rows' gated delta rule) by three xor shuffles. Prepended (under
+// of 8 lanes (the question rows' gated delta rule, the norms' short rows) by three xor shuffles. Prepended (under
 // `enable subgroups;`) to every kernel file on devices whose subgroups passed subgroup_check.wgsl
 // (run on its own pipeline; the layout it finds is taken to hold for every pipeline of the device):
 // full subgroups of consecutive invocation indices, starting at multiples of the size, which may be
@@ -39,4 +39,13 @@ fn group8_sum(x: Pair4, lid: u32) -> Pair4 {
   a += subgroupShuffleXor(a, 1u);
   b += subgroupShuffleXor(b, 1u);
   return Pair4(a, b);
+}
+
+// A sum over the lane group 8⌊lid/8⌋ .. +7, returned to all eight, in group8_sum's order (the norms'
+// short rows); called from uniform control flow.
+fn group8_sum_scalar(x: f32, lid: u32) -> f32 {
+  var a = x + subgroupShuffleXor(x, 4u);
+  a += subgroupShuffleXor(a, 2u);
+  a += subgroupShuffleXor(a, 1u);
+  return a;
 }

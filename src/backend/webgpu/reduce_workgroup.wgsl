@@ -1,7 +1,8 @@
 // Row sums of the 64-invocation kernels (norms, pointer head) without subgroups: a tree reduction in
-// workgroup memory (six barriers); and the sums over groups of 8 lanes through workgroup memory (two
-// barriers). Prepended to every kernel file on devices where the subgroup variant (reduce_subgroups.wgsl)
-// is not used; the two define the same workgroup_sum and group8_sum.
+// workgroup memory (six barriers); and the sums over groups of 8 lanes (the question rows' gated delta
+// rule, the norms' short rows) through workgroup memory (two barriers). Prepended to every kernel file
+// on devices where the subgroup variant (reduce_subgroups.wgsl) is not used; the two define the same
+// workgroup_sum, group8_sum and group8_sum_scalar.
 
 var<workgroup> partials: array<f32, 64>;
 
@@ -34,4 +35,18 @@ fn group8_sum(x: Pair4, lid: u32) -> Pair4 {
           ((group_parts[g + 1u].b + group_parts[g + 5u].b) + (group_parts[g + 3u].b + group_parts[g + 7u].b));
   workgroupBarrier();
   return Pair4(a, b);
+}
+
+var<workgroup> lane_parts: array<f32, 64>;
+
+// A sum over the 8 invocations 8⌊lid/8⌋ .. +7, returned to all eight, as group8_sum's order
+// (reduce_subgroups.wgsl's bits); called from uniform control flow in a workgroup of at most 64.
+fn group8_sum_scalar(x: f32, lid: u32) -> f32 {
+  lane_parts[lid] = x;
+  workgroupBarrier();
+  let g = lid & ~7u;
+  let a = ((lane_parts[g] + lane_parts[g + 4u]) + (lane_parts[g + 2u] + lane_parts[g + 6u])) +
+          ((lane_parts[g + 1u] + lane_parts[g + 5u]) + (lane_parts[g + 3u] + lane_parts[g + 7u]));
+  workgroupBarrier();
+  return a;
 }

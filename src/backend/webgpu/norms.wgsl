@@ -150,17 +150,8 @@ fn rms_norm_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
   }
 }
 
-// The row of a short-row lane (rows past n_rows give the last row; short_row_stores says whether to store).
-fn short_row(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-  return min(linear_group(wid, nwg) * 8u + lid / 8u, p.n_rows - 1u);
-}
-
-fn short_row_stores(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> bool {
-  return linear_group(wid, nwg) * 8u + lid / 8u < p.n_rows;
-}
-
-// A lane's elements of a short row, v[u] = x[xb + lane + 8u] (past the row's end: its last element,
-// unused), and the row's Σ x², the same in all eight lanes.
+// A lane's elements of a short row, v[u] = x[row start + lane + 8u] (past the row's end: its last
+// element, unused), and the row's Σ x², the same in all eight lanes.
 struct ShortRow {
   v: array<f32, 32>,
   sum_squares: f32,
@@ -187,49 +178,20 @@ fn short_row_squares(xb: u32, lid: u32) -> ShortRow {
   return row;
 }
 
-@compute @workgroup_size(64)
-fn rms_norm_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32) {
-  let r = short_row(wid, nwg, lid);
-  let row = short_row_squares(p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz), lid);
-  let inv = 1.0 / sqrt(row.sum_squares / f32(p.d) + p.eps);
-  if (!short_row_stores(wid, nwg, lid)) {
-    return;
-  }
-  let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
-  for (var u = 0u; u < 2u * RUN; u++) {
-    let j = lid % 8u + 8u * u;
-    if (j < p.d) {
-      out[ob + j] = row.v[u] * inv * (1.0 + w[p.w_off + j]);
-    }
-  }
-}
+const SHORT_RMS: u32 = 0u;
+const SHORT_L2: u32 = 1u;
+const SHORT_GATED: u32 = 2u;
 
-@compute @workgroup_size(64)
-fn l2_norm_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                 @builtin(local_invocation_index) lid: u32) {
-  let r = short_row(wid, nwg, lid);
+// The three short-row norms; `kind` is a constant at each entry point, so each pipeline keeps only its own.
+fn short_row_norm(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, kind: u32) {
+  let r_lane = linear_group(wid, nwg) * 8u + lid / 8u;
+  let r = min(r_lane, p.n_rows - 1u);  // past n_rows: the last row, for the sum's sake
   let row = short_row_squares(p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz), lid);
-  let f = p.scale / sqrt(row.sum_squares + p.eps);
-  if (!short_row_stores(wid, nwg, lid)) {
-    return;
+  var f = p.scale / sqrt(row.sum_squares + p.eps);
+  if (kind != SHORT_L2) {
+    f = 1.0 / sqrt(row.sum_squares / f32(p.d) + p.eps);
   }
-  let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
-  for (var u = 0u; u < 2u * RUN; u++) {
-    let j = lid % 8u + 8u * u;
-    if (j < p.d) {
-      out[ob + j] = row.v[u] * f;
-    }
-  }
-}
-
-@compute @workgroup_size(64)
-fn rms_norm_gated_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                        @builtin(local_invocation_index) lid: u32) {
-  let r = short_row(wid, nwg, lid);
-  let row = short_row_squares(p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz), lid);
-  let inv = 1.0 / sqrt(row.sum_squares / f32(p.d) + p.eps);
-  if (!short_row_stores(wid, nwg, lid)) {
+  if (r_lane >= p.n_rows) {
     return;
   }
   let zb = p.z_off + row_offset3(r, p.s1, p.s2, p.z_st.xyz);
@@ -237,7 +199,31 @@ fn rms_norm_gated_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_work
   for (var u = 0u; u < 2u * RUN; u++) {
     let j = lid % 8u + 8u * u;
     if (j < p.d) {
-      out[ob + j] = w[p.w_off + j] * (row.v[u] * inv) * silu(z[zb + j]);
+      if (kind == SHORT_RMS) {
+        out[ob + j] = row.v[u] * f * (1.0 + w[p.w_off + j]);
+      } else if (kind == SHORT_L2) {
+        out[ob + j] = row.v[u] * f;
+      } else {
+        out[ob + j] = w[p.w_off + j] * (row.v[u] * f) * silu(z[zb + j]);
+      }
     }
   }
+}
+
+@compute @workgroup_size(64)
+fn rms_norm_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+  short_row_norm(wid, nwg, lid, SHORT_RMS);
+}
+
+@compute @workgroup_size(64)
+fn l2_norm_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+  short_row_norm(wid, nwg, lid, SHORT_L2);
+}
+
+@compute @workgroup_size(64)
+fn rms_norm_gated_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) lid: u32) {
+  short_row_norm(wid, nwg, lid, SHORT_GATED);
 }

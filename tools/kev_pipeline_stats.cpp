@@ -45,6 +45,17 @@ void vk_check(VkResult r, const char* call) {
   if (r != VK_SUCCESS) throw Failure{std::string(call) + " failed: VkResult " + std::to_string(r)};
 }
 
+// Vulkan's two-call enumeration: get(&n, nullptr) for the count, then n structures of `type` filled.
+template <typename T, typename Get>
+std::vector<T> enumerate(VkStructureType type, const char* call, Get get) {
+  uint32_t n = 0;
+  vk_check(get(&n, nullptr), call);
+  std::vector<T> items(n, vk_struct<T>(type));
+  vk_check(get(&n, items.data()), call);
+  items.resize(n);
+  return items;
+}
+
 // What a pipeline layout needs from a module: (set, binding) -> descriptor type, the push-constant use
 // and the entry point's name (Dawn renames it).
 struct ModuleInterface {
@@ -282,22 +293,18 @@ class Vulkan {
   std::string executable_statistics(VkPipeline pipeline) {
     auto info = vk_struct<VkPipelineInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR);
     info.pipeline = pipeline;
-    uint32_t n = 0;
-    vk_check(get_executables_(device_, &info, &n, nullptr), "vkGetPipelineExecutablePropertiesKHR");
-    std::vector<VkPipelineExecutablePropertiesKHR> execs(
-        n, vk_struct<VkPipelineExecutablePropertiesKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR));
-    vk_check(get_executables_(device_, &info, &n, execs.data()), "vkGetPipelineExecutablePropertiesKHR");
+    const auto execs = enumerate<VkPipelineExecutablePropertiesKHR>(
+        VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR, "vkGetPipelineExecutablePropertiesKHR",
+        [&](uint32_t* n, VkPipelineExecutablePropertiesKHR* out) { return get_executables_(device_, &info, n, out); });
     std::string line;
-    for (uint32_t e = 0; e < n; ++e) {
+    for (uint32_t e = 0; e < execs.size(); ++e) {
       auto ei = vk_struct<VkPipelineExecutableInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR);
       ei.pipeline = pipeline;
       ei.executableIndex = e;
-      uint32_t n_stats = 0;
-      vk_check(get_statistics_(device_, &ei, &n_stats, nullptr), "vkGetPipelineExecutableStatisticsKHR");
-      std::vector<VkPipelineExecutableStatisticKHR> stats(
-          n_stats, vk_struct<VkPipelineExecutableStatisticKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR));
-      vk_check(get_statistics_(device_, &ei, &n_stats, stats.data()), "vkGetPipelineExecutableStatisticsKHR");
-      if (n > 1) line += std::string(line.empty() ? "" : " | ") + execs[e].name + ":";
+      const auto stats = enumerate<VkPipelineExecutableStatisticKHR>(
+          VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR, "vkGetPipelineExecutableStatisticsKHR",
+          [&](uint32_t* n, VkPipelineExecutableStatisticKHR* out) { return get_statistics_(device_, &ei, n, out); });
+      if (execs.size() > 1) line += std::string(line.empty() ? "" : " | ") + execs[e].name + ":";
       line += " subgroup=" + std::to_string(execs[e].subgroupSize);
       for (const VkPipelineExecutableStatisticKHR& s : stats) {
         std::string name = s.name;

@@ -743,6 +743,26 @@ TEST(WebGpu, DumpsEachPipelinesSpirvForTheDriversStatistics) {
   std::filesystem::remove_all(dir);
 }
 
+#ifdef KEV_HAVE_PIPELINE_STATS
+// A file that is not SPIR-V assembly fails by name (exit 2), and so does a path that does not exist.
+TEST(WebGpu, PipelineStatsNamesAModuleThatDoesNotAssemble) {
+  REQUIRE_WEBGPU(shared);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kev-bad-spirv-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "bogus.entry.spvasm") << "OpCapability NotACapability\n";
+  const test_support::CommandRun bad =
+      test_support::run_command(test_support::built_tool("kev_pipeline_stats") + " '" + dir.string() + "'");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("bogus.entry"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("FAILED"), std::string::npos) << bad.output;
+  std::filesystem::remove_all(dir);
+  const test_support::CommandRun empty =
+      test_support::run_command(test_support::built_tool("kev_pipeline_stats") + " '" + dir.string() + "'");
+  EXPECT_NE(empty.exit_code, 0) << empty.output;
+}
+#endif
+
 // A dump directory that cannot be created is refused when the device opens, naming the variable.
 TEST(WebGpu, ADumpDirectoryThatCannotBeCreatedIsAnError) {
   REQUIRE_WEBGPU(shared);

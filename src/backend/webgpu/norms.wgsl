@@ -153,7 +153,7 @@ fn rms_norm_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 // A lane's elements of a short row, v[u] = x[row start + lane + 8u] (past the row's end: its last
 // element, unused), and the row's Σ x², the same in all eight lanes.
 struct ShortRow {
-  v: array<f32, 32>,
+  v: array<f32, SHORT_MAX / 8u>,
   sum_squares: f32,
 }
 
@@ -169,7 +169,7 @@ fn short_row_squares(xb: u32, lid: u32) -> ShortRow {
     }
   }
   var s = 0.0;
-  for (var u = 0u; u < 2u * RUN; u++) {
+  for (var u = 0u; u < SHORT_MAX / 8u; u++) {
     if (lane + 8u * u < p.d) {
       s += row.v[u] * row.v[u];
     }
@@ -196,7 +196,7 @@ fn short_row_norm(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, kind: u32) {
   }
   let zb = p.z_off + row_offset3(r, p.s1, p.s2, p.z_st.xyz);
   let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
-  for (var u = 0u; u < 2u * RUN; u++) {
+  for (var u = 0u; u < SHORT_MAX / 8u; u++) {
     let j = lid % 8u + 8u * u;
     if (j < p.d) {
       if (kind == SHORT_RMS) {

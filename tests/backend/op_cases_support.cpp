@@ -70,12 +70,12 @@ void add_norms(std::vector<OpCase>& cases) {
   rms("n=7,d=2560", {7, 2560}, 0, false);
   rms("q_norm,n=16,H=8,hd=256,view_of_512", {16, 8, 256}, 256, false);
   rms("in_place,n=5,H=2,hd=256", {5, 2, 256}, 0, true);
-  // Around WebGPU's short-row kernels (rows of at most 256, eight a workgroup): a row count that is not
-  // a multiple of 8, rows shorter than a lane's run, one run past 128, and the longest-row kernel at 257.
-  rms("short_odd,n=3,H=3,d=37", {3, 3, 37}, 0, false);
-  rms("short_two_runs,n=13,d=200,view", {13, 200}, 8, false);
+  // Row lengths around the kernels' run and block sizes (WebGPU: 64 lanes a row, runs of 16), a row
+  // count that is not a multiple of 8, in place, a view.
+  rms("odd,n=3,H=3,d=37", {3, 3, 37}, 0, false);
+  rms("view,n=13,d=200", {13, 200}, 8, false);
   rms("in_place,n=9,d=129", {9, 129}, 0, true);
-  rms("long_row,n=3,d=257", {3, 257}, 0, false);
+  rms("n=3,d=257", {3, 257}, 0, false);
 
   // The residual add fused with the next norm: x (updated in place) and its normed copy. Views with a
   // float4-aligned row stride keep the CUDA wide-row kernel; pads of 1 and 3 force its scalar path.
@@ -110,7 +110,11 @@ void add_norms(std::vector<OpCase>& cases) {
   l2("q,n=20,Hk=16,dk=128,scale=1/sqrt(128),view", {20, 16, 128}, 0, 0, 1.0f / std::sqrt(128.0f));
   l2("k,n=33,Hk=16,dk=128,scale=1", {33, 16, 128}, 0, 0, 1.0f);
   l2("rank2,n=9,d=128", {9, 128}, 64, 32, 1.0f);
+  // Around WebGPU's short-row kernel (rows of at most 256, eight a workgroup): a row count that is not
+  // a multiple of 8, rows shorter than a lane's run, one run past 128, and the one-row kernel at 257.
   l2("short_odd,n=5,H=3,d=130,scale=0.5", {5, 3, 130}, 0, 0, 0.5f);
+  l2("short_two_runs,n=3,d=256", {3, 256}, 0, 0, 1.0f);
+  l2("one_row_kernel,n=3,d=257", {3, 257}, 8, 0, 1.0f);
   l2("short_tiny,n=11,d=5", {11, 5}, 0, 0, 1.0f);
 
   auto gated = [&](std::string params, int64_t n, int64_t Hv, int64_t dv, int64_t z_pad) {

@@ -725,7 +725,7 @@ TEST(WebGpu, DumpsEachPipelinesSpirvForTheDriversStatistics) {
   ASSERT_TRUE(gpu.rms_norm(tx, tw, 1e-6f, out).ok());
   ASSERT_TRUE(gpu.synchronize().ok());
 
-  const std::filesystem::path file = dir / "norms.rms_norm_short.spvasm";  // rows of 64: the short-row entry
+  const std::filesystem::path file = dir / "norms.rms_norm.spvasm";
   std::ifstream dumped(file);
   ASSERT_TRUE(dumped.good()) << "no " << file.string();
   const std::string text((std::istreambuf_iterator<char>(dumped)), std::istreambuf_iterator<char>());
@@ -735,7 +735,7 @@ TEST(WebGpu, DumpsEachPipelinesSpirvForTheDriversStatistics) {
       test_support::run_command(test_support::built_tool("kev_pipeline_stats") + " '" + dir.string() + "'");
   std::printf("%s", stats.output.c_str());
   EXPECT_EQ(stats.exit_code, 0) << stats.output;
-  EXPECT_NE(stats.output.find("\nnorms.rms_norm_short "), std::string::npos) << stats.output;
+  EXPECT_NE(stats.output.find("\nnorms.rms_norm "), std::string::npos) << stats.output;
   EXPECT_EQ(stats.output.find("FAILED"), std::string::npos) << stats.output;
 #else
   std::printf("kev_pipeline_stats is not built here (needs libvulkan-dev and spirv-tools): dump checked only\n");
@@ -930,7 +930,7 @@ TEST(WebGpu, TraceTimesEveryDispatch) {
   EXPECT_EQ(results[0], results[1]);
   EXPECT_NE(log.find("kev-webgpu-trace pass 1 ops: 2 dispatches, GPU "), std::string::npos) << log;
   EXPECT_NE(log.find("  add add x"), std::string::npos) << log;
-  EXPECT_NE(log.find("  rms_norm rms_norm_short x1 "), std::string::npos) << log;  // 3 rows of 64: one workgroup
+  EXPECT_NE(log.find("  rms_norm rms_norm x3 "), std::string::npos) << log;
 }
 
 // kev_export's audit: no adapter, WebGPU default limits; the model's ops are supported, and a

@@ -15,14 +15,15 @@
 // 16 (a question-row pass has only ~200 rows, too few workgroups to hide them); loads past the row's
 // end read its last element, unused, so that a run's loads need no branch; the sums still add the
 // elements in j order, so the results are those of a plain loop.
-// Short rows (d ≤ SHORT_MAX: the GDN heads' 128, attention's 256-dim heads), the *_short entries: eight
-// rows a workgroup, eight lanes a row (lanes 8g..8g+7 take row 8·workgroup + g), a lane's elements
+// l2_norm over short rows (d ≤ SHORT_MAX: the GDN q and k heads' 128), `l2_norm_short`: eight rows a
+// workgroup, eight lanes a row (lanes 8g..8g+7 take row 8·workgroup + g), a lane's elements
 // j ≡ lane (mod 8) loaded in one or two runs of RUN into registers, kept there for the output; the
 // row's sum is the lane sums (each in j order) added by group8_sum_scalar. A row of 128 is then 8
 // invocations issuing 16 loads each, where the one-row workgroup had 64 issuing 2 (and 14 clamped
-// repeats) and a barrier, and the 34,992 head rows of a long prefill's q or k are 4,374 workgroups,
-// not 34,992. Lanes of rows past n_rows work on the last row (the sum needs all eight) and store
-// nothing; in-place calls are safe, as a lane writes only the elements it read.
+// repeats) and a barrier. Lanes of rows past n_rows work on the last row (the sum needs all eight)
+// and store nothing; in-place calls are safe, as a lane writes only the elements it read. The same
+// layout for rms_norm and rms_norm_gated measured slower on the H100 than their one-row kernels (their
+// w and z loads; docs/backends.md, "Twenty-first session"), so they keep those.
 // add_rms_norm: each invocation writes x + y for its j and reads back only its own elements, so the
 // second pass needs no barrier beyond the reduction's; out and y never alias x (the host checks).
 
@@ -178,52 +179,21 @@ fn short_row_squares(xb: u32, lid: u32) -> ShortRow {
   return row;
 }
 
-const SHORT_RMS: u32 = 0u;
-const SHORT_L2: u32 = 1u;
-const SHORT_GATED: u32 = 2u;
-
-// The three short-row norms; `kind` is a constant at each entry point, so each pipeline keeps only its own.
-fn short_row_norm(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, kind: u32) {
+@compute @workgroup_size(64)
+fn l2_norm_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
   let r_lane = linear_group(wid, nwg) * 8u + lid / 8u;
   let r = min(r_lane, p.n_rows - 1u);  // past n_rows: the last row, for the sum's sake
   let row = short_row_squares(p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz), lid);
-  var f = p.scale / sqrt(row.sum_squares + p.eps);
-  if (kind != SHORT_L2) {
-    f = 1.0 / sqrt(row.sum_squares / f32(p.d) + p.eps);
-  }
+  let f = p.scale / sqrt(row.sum_squares + p.eps);
   if (r_lane >= p.n_rows) {
     return;
   }
-  let zb = p.z_off + row_offset3(r, p.s1, p.s2, p.z_st.xyz);
   let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
   for (var u = 0u; u < SHORT_MAX / 8u; u++) {
     let j = lid % 8u + 8u * u;
     if (j < p.d) {
-      if (kind == SHORT_RMS) {
-        out[ob + j] = row.v[u] * f * (1.0 + w[p.w_off + j]);
-      } else if (kind == SHORT_L2) {
-        out[ob + j] = row.v[u] * f;
-      } else {
-        out[ob + j] = w[p.w_off + j] * (row.v[u] * f) * silu(z[zb + j]);
-      }
+      out[ob + j] = row.v[u] * f;
     }
   }
-}
-
-@compute @workgroup_size(64)
-fn rms_norm_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32) {
-  short_row_norm(wid, nwg, lid, SHORT_RMS);
-}
-
-@compute @workgroup_size(64)
-fn l2_norm_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                 @builtin(local_invocation_index) lid: u32) {
-  short_row_norm(wid, nwg, lid, SHORT_L2);
-}
-
-@compute @workgroup_size(64)
-fn rms_norm_gated_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                        @builtin(local_invocation_index) lid: u32) {
-  short_row_norm(wid, nwg, lid, SHORT_GATED);
 }

@@ -53,9 +53,7 @@ const KernelSpec kRmsNorm{"norms", "rms_norm", 4};
 const KernelSpec kAddRmsNorm{"norms", "add_rms_norm", 4};
 const KernelSpec kL2Norm{"norms", "l2_norm", 4};
 const KernelSpec kRmsNormGated{"norms", "rms_norm_gated", 4};
-const KernelSpec kRmsNormShort{"norms", "rms_norm_short", 4};
 const KernelSpec kL2NormShort{"norms", "l2_norm_short", 4};
-const KernelSpec kRmsNormGatedShort{"norms", "rms_norm_gated_short", 4};
 const KernelSpec kSigmoidMul{"elementwise", "sigmoid_mul", 3};
 const KernelSpec kSwiglu{"elementwise", "swiglu", 3};
 const KernelSpec kAdd{"elementwise", "add", 3};
@@ -315,7 +313,7 @@ NormParams norm_params(const Outer& o, int64_t d, const Tensor& x, const Bound& 
   return p;
 }
 
-// norms.wgsl's *_short entries take rows of at most kShortRowMax (SHORT_MAX there), eight a workgroup.
+// norms.wgsl's l2_norm_short takes rows of at most kShortRowMax (SHORT_MAX there), eight a workgroup.
 constexpr int64_t kShortRowMax = 256;
 constexpr uint64_t kShortRowsPerGroup = 8;
 
@@ -335,9 +333,6 @@ Status WebGpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, cons
   const Bound bz{device_->dummy(1), 0};
   KEV_TRY(separate(kOp, {&bx, &bw}, {&bo}));
   const NormParams p = norm_params(o, d, x, bx, nullptr, bz, bw, out, bo, eps, 1.0f);
-  if (d <= kShortRowMax) {
-    return dispatch(kOp, kRmsNormShort, &p, sizeof p, {bx.b, bz.b, bw.b, bo.b}, ceil_div(o.rows, kShortRowsPerGroup));
-  }
   return dispatch(kOp, kRmsNorm, &p, sizeof p, {bx.b, bz.b, bw.b, bo.b}, o.rows);
 }
 
@@ -392,10 +387,6 @@ Status WebGpuBackend::rms_norm_gated(const Tensor& o_in, const Tensor& z, const 
   KEV_ASSIGN_OR_RETURN(Bound bo, bind(kOp, "out", out, 3));
   KEV_TRY(separate(kOp, {&bx, &bz, &bw}, {&bo}));
   const NormParams p = norm_params(o, d, o_in, bx, &z, bz, bw, out, bo, eps, 1.0f);
-  if (d <= kShortRowMax) {
-    return dispatch(kOp, kRmsNormGatedShort, &p, sizeof p, {bx.b, bz.b, bw.b, bo.b},
-                    ceil_div(o.rows, kShortRowsPerGroup));
-  }
   return dispatch(kOp, kRmsNormGated, &p, sizeof p, {bx.b, bz.b, bw.b, bo.b}, o.rows);
 }
 

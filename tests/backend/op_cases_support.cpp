@@ -70,8 +70,8 @@ void add_norms(std::vector<OpCase>& cases) {
   rms("n=7,d=2560", {7, 2560}, 0, false);
   rms("q_norm,n=16,H=8,hd=256,view_of_512", {16, 8, 256}, 256, false);
   rms("in_place,n=5,H=2,hd=256", {5, 2, 256}, 0, true);
-  // Row lengths around the kernels' run and block sizes (WebGPU: 64 lanes a row, runs of 16), a row
-  // count that is not a multiple of 8, in place, a view.
+  // Row lengths around the kernels' lane and run sizes (WebGPU: 64 lanes a row, runs of 16), in place,
+  // a view.
   rms("odd,n=3,H=3,d=37", {3, 3, 37}, 0, false);
   rms("view,n=13,d=200", {13, 200}, 8, false);
   rms("in_place,n=9,d=129", {9, 129}, 0, true);

@@ -704,6 +704,13 @@ TEST(WebGpu, GdnRefusesAChunkOverTheBindingLimit) {
   EXPECT_NE(s.to_string().find("storage binding limit is 524288"), std::string::npos) << s.to_string();
 }
 
+#ifdef KEV_HAVE_PIPELINE_STATS
+// kev_pipeline_stats over the .spvasm files in `dir`.
+test_support::CommandRun pipeline_stats(const std::filesystem::path& dir) {
+  return test_support::run_command(test_support::built_tool("kev_pipeline_stats") + " '" + dir.string() + "'");
+}
+#endif
+
 // KEV_WEBGPU_DUMP_SPIRV: the device files the SPIR-V Dawn generates for each pipeline it builds, named
 // by kernel file and entry point, and kev_pipeline_stats builds each such module on the Vulkan driver
 // (lavapipe reports no statistics; NVIDIA's driver reports registers and more: docs/backends.md).
@@ -731,8 +738,7 @@ TEST(WebGpu, DumpsEachPipelinesSpirvForTheDriversStatistics) {
   const std::string text((std::istreambuf_iterator<char>(dumped)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("OpEntryPoint GLCompute"), std::string::npos) << text.substr(0, 400);
 #ifdef KEV_HAVE_PIPELINE_STATS
-  const test_support::CommandRun stats =
-      test_support::run_command(test_support::built_tool("kev_pipeline_stats") + " '" + dir.string() + "'");
+  const test_support::CommandRun stats = pipeline_stats(dir);
   std::printf("%s", stats.output.c_str());
   EXPECT_EQ(stats.exit_code, 0) << stats.output;
   EXPECT_NE(stats.output.find("\nnorms.rms_norm "), std::string::npos) << stats.output;
@@ -751,14 +757,12 @@ TEST(WebGpu, PipelineStatsNamesAModuleThatDoesNotAssemble) {
       std::filesystem::temp_directory_path() / ("kev-bad-spirv-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "bogus.entry.spvasm") << "OpCapability NotACapability\n";
-  const test_support::CommandRun bad =
-      test_support::run_command(test_support::built_tool("kev_pipeline_stats") + " '" + dir.string() + "'");
+  const test_support::CommandRun bad = pipeline_stats(dir);
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("bogus.entry"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("FAILED"), std::string::npos) << bad.output;
   std::filesystem::remove_all(dir);
-  const test_support::CommandRun empty =
-      test_support::run_command(test_support::built_tool("kev_pipeline_stats") + " '" + dir.string() + "'");
+  const test_support::CommandRun empty = pipeline_stats(dir);
   EXPECT_NE(empty.exit_code, 0) << empty.output;
 }
 #endif

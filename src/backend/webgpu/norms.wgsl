@@ -151,49 +151,39 @@ fn rms_norm_gated(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
   }
 }
 
-// A lane's elements of a short row, v[u] = x[row start + lane + 8u] (past the row's end: its last
-// element, unused), and the row's Σ x², the same in all eight lanes.
-struct ShortRow {
-  v: array<f32, SHORT_MAX / 8u>,
-  sum_squares: f32,
-}
-
-fn short_row_squares(xb: u32, lid: u32) -> ShortRow {
-  let lane = lid % 8u;
-  var row: ShortRow;
-  for (var u = 0u; u < RUN; u++) {
-    row.v[u] = x[xb + min(lane + 8u * u, p.d - 1u)];
-  }
-  if (p.d > 8u * RUN) {
-    for (var u = RUN; u < 2u * RUN; u++) {
-      row.v[u] = x[xb + min(lane + 8u * u, p.d - 1u)];
-    }
-  }
-  var s = 0.0;
-  for (var u = 0u; u < SHORT_MAX / 8u; u++) {
-    if (lane + 8u * u < p.d) {
-      s += row.v[u] * row.v[u];
-    }
-  }
-  row.sum_squares = group8_sum_scalar(s, lid);
-  return row;
-}
-
 @compute @workgroup_size(64)
 fn l2_norm_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
   let r_lane = linear_group(wid, nwg) * 8u + lid / 8u;
   let r = min(r_lane, p.n_rows - 1u);  // past n_rows: the last row, for the sum's sake
-  let row = short_row_squares(p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz), lid);
-  let f = p.scale / sqrt(row.sum_squares + p.eps);
+  let xb = p.x_off + row_offset3(r, p.s1, p.s2, p.x_st.xyz);
+  let lane = lid % 8u;
+  // v[u] = x[xb + lane + 8u] (past the row's end: its last element, unused); the second run only for
+  // rows over 8·RUN.
+  var v: array<f32, SHORT_MAX / 8u>;
+  for (var u = 0u; u < RUN; u++) {
+    v[u] = x[xb + min(lane + 8u * u, p.d - 1u)];
+  }
+  if (p.d > 8u * RUN) {
+    for (var u = RUN; u < 2u * RUN; u++) {
+      v[u] = x[xb + min(lane + 8u * u, p.d - 1u)];
+    }
+  }
+  var s = 0.0;
+  for (var u = 0u; u < SHORT_MAX / 8u; u++) {
+    if (lane + 8u * u < p.d) {
+      s += v[u] * v[u];
+    }
+  }
+  let f = p.scale / sqrt(group8_sum_scalar(s, lid) + p.eps);
   if (r_lane >= p.n_rows) {
     return;
   }
   let ob = p.o_off + row_offset3(r, p.s1, p.s2, p.o_st.xyz);
   for (var u = 0u; u < SHORT_MAX / 8u; u++) {
-    let j = lid % 8u + 8u * u;
+    let j = lane + 8u * u;
     if (j < p.d) {
-      out[ob + j] = row.v[u] * f;
+      out[ob + j] = v[u] * f;
     }
   }
 }

@@ -50,6 +50,9 @@
 // 4 rows × 8 dims of O) 2,187 tokens 1.56 / 1.58 → 2.02 / 2.04 ms, 700 tokens 0.29 → 0.38 (only the
 // split pass over 2,187 keys faster, 0.43 → 0.40); O's head dims over two workgroups, each computing
 // Q·Kᵀ (1.5× the products) → 2.37 / 2.38 ms. The time follows the work per workgroup.
+// This layout compiles to 216 registers on NVIDIA (one workgroup an SM); trimming what lives beside the
+// 80 accumulators (16-dim score chunks, all of p staged in 24 KiB, no register prefetch, loops not
+// fully unrollable) leaves 203–214 and no form is faster (H100, docs/backends.md "Twenty-second session").
 // A tile with S_i = 1: the workgroup writes out normalised. S_i > 1 (flash-decoding): each split
 // writes its rows' unnormalised output, running max m and sum l to `part` (O at [split][t][h][hd] for
 // split < max_splits, then (m, l) at [split][t][h]); `attention_combine` (one 64-invocation
